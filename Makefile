@@ -22,6 +22,7 @@ deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
 build: ## Build bin/cube and the static bin/envd.
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/cube ./cmd/cube
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 
 .PHONY: generate
 generate: ## Regenerate protobuf/Connect code (committed).
@@ -48,7 +49,7 @@ e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`.
 	bash test/e2e/run.sh $(BIN)/cube
 
 .PHONY: test
-test: build vet unit ## Everything CI runs.
+test: deps build vet check-generate unit e2e ## Everything CI runs.
 	@echo "make test: all suites passed"
 
 .PHONY: fuzz

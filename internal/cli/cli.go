@@ -23,7 +23,10 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"version": {"print the version", runVersion},
+		"version":  {"print the version", runVersion},
+		"up":       {"start all-in-one Cube (server + cubelet) on this machine", runUp},
+		"down":     {"stop the all-in-one Cube running on a data dir", runDown},
+		"template": {"manage templates: create NAME --from-dir DIR | --from-tar FILE, ls, rm", runTemplate},
 	}
 }
 

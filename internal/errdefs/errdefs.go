@@ -18,6 +18,7 @@ var (
 	ErrResourceExhausted  = errors.New("resource exhausted")
 	ErrUnauthenticated    = errors.New("unauthenticated")
 	ErrPermissionDenied   = errors.New("permission denied")
+	ErrNotImplemented     = errors.New("not implemented")
 )
 
 // HTTPStatus maps an error chain to the HTTP status the E2B SDK expects.
@@ -41,6 +42,8 @@ func HTTPStatus(err error) int {
 		return http.StatusUnauthorized
 	case errors.Is(err, ErrPermissionDenied):
 		return http.StatusForbidden
+	case errors.Is(err, ErrNotImplemented):
+		return http.StatusNotImplemented
 	default:
 		return http.StatusInternalServerError
 	}

@@ -19,6 +19,7 @@ func TestHTTPStatus(t *testing.T) {
 		{ErrUnauthenticated, http.StatusUnauthorized},
 		{ErrResourceExhausted, http.StatusTooManyRequests},
 		{ErrUnavailable, http.StatusServiceUnavailable},
+		{fmt.Errorf("fork: %w", ErrNotImplemented), http.StatusNotImplemented},
 		{errors.New("boom"), http.StatusInternalServerError},
 	}
 	for _, c := range cases {

@@ -41,6 +41,8 @@ type Sandbox struct {
 	DiskSizeMB    int               `json:"diskSizeMB"`
 	EnvdVersion   string            `json:"envdVersion"`
 	AllowInternet bool              `json:"allowInternet"`
+	AllowOut      []string          `json:"allowOut,omitempty"`
+	DenyOut       []string          `json:"denyOut,omitempty"`
 	Paused        bool              `json:"paused,omitempty"`
 	CreatedAt     time.Time         `json:"createdAt"`
 }

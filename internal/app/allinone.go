@@ -1,0 +1,210 @@
+// Package app composes Cube's components into runnable roles. `cube up`
+// (all-in-one) wires the server roles (api, master, proxy) to an
+// in-process cubelet; the wiring is written out here in one place.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/cube-dev/cube/internal/api"
+	"github.com/cube-dev/cube/internal/cubelet"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/envd"
+	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/proxy"
+	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/template"
+)
+
+// AllInOneConfig configures `cube up`.
+type AllInOneConfig struct {
+	Listen        string
+	DataDir       string
+	RunDir        string
+	APIKey        string // empty: use the stored keys, or generate one on first start
+	Domain        string
+	KeepSandboxes bool
+	EnvdPath      string
+	Exe           string
+	Network       cubevs.Config
+	Logger        *slog.Logger
+	Out           io.Writer // user-facing output (progress, exports)
+}
+
+// RunAllInOne starts server and cubelet on this machine and blocks until ctx
+// is cancelled, then shuts down cleanly.
+func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
+	log := cfg.Logger
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	release, err := lockPIDFile(filepath.Join(cfg.DataDir, "cube.pid"))
+	if err != nil {
+		return err
+	}
+	defer release()
+
+	templates := template.NewRegistry(cfg.DataDir)
+	if _, err := templates.Get(ctx, "base"); err != nil {
+		fmt.Fprintln(cfg.Out, "cube: building default template \"base\" (first start only; cached afterwards)")
+	}
+	if _, err := templates.EnsureBase(ctx, cfg.Out); err != nil {
+		return fmt.Errorf("default template base: %w", err)
+	}
+
+	cfg.Network.RunDir = cfg.RunDir
+	node, err := cubelet.New(ctx, cubelet.Config{
+		StateDir:    filepath.Join(cfg.DataDir, "node"),
+		Exe:         cfg.Exe,
+		EnvdPath:    cfg.EnvdPath,
+		EnvdVersion: envd.Version,
+		Network:     cfg.Network,
+		Logger:      log.With("role", "cubelet"),
+	}, templates)
+	if err != nil {
+		return fmt.Errorf("start cubelet: %w", err)
+	}
+	defer node.Close()
+
+	st, err := store.OpenSQLite(ctx, filepath.Join(cfg.DataDir, "server.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	key, err := ensureAPIKey(ctx, st, cfg.APIKey, cfg.DataDir)
+	if err != nil {
+		return err
+	}
+
+	m := master.New(st, localNode{Cubelet: node, templates: templates}, master.Config{
+		Domain: cfg.Domain, Logger: log.With("role", "cubemaster"),
+	})
+	if err := m.Restore(ctx); err != nil {
+		return fmt.Errorf("restore sandboxes: %w", err)
+	}
+	handler := proxy.New(m, api.New(m, st, log.With("role", "cube-api")), cfg.Domain)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := newHTTPServer(handler, log)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	printWelcome(cfg.Out, ln.Addr().String(), key, cfg.DataDir)
+	log.Info("cube is serving", "listen", ln.Addr().String(), "dataDir", cfg.DataDir)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	log.Info("shutting down", "keepSandboxes", cfg.KeepSandboxes)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	var errs []error
+	if err := m.Shutdown(sctx, !cfg.KeepSandboxes); err != nil {
+		errs = append(errs, err)
+	}
+	if !cfg.KeepSandboxes {
+		// Nothing is left to serve: remove the dataplane too, so a stopped
+		// Cube leaves no link, nft table or netns pin on the host.
+		if err := node.KillAll(sctx); err != nil {
+			errs = append(errs, err)
+		} else if err := node.DestroyNetwork(sctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Protocols = &p
+	return srv
+}
+
+// ensureAPIKey makes sure a usable API key exists and returns the one to
+// print (empty when keys already existed and none was given).
+func ensureAPIKey(ctx context.Context, st *store.SQLite, given, dataDir string) (string, error) {
+	if given != "" {
+		if _, err := st.AddKeyHash(ctx, "cli", given); err != nil {
+			return "", fmt.Errorf("register api key: %w", err)
+		}
+		return given, nil
+	}
+	keys, err := st.ListKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, k := range keys {
+		if k.RevokedAt == nil {
+			if b, err := os.ReadFile(filepath.Join(dataDir, "api-key")); err == nil {
+				return string(trimNL(b)), nil
+			}
+			return "", nil
+		}
+	}
+	key, err := st.CreateKey(ctx, "default")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, "api-key"), []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write api key file: %w", err)
+	}
+	return key, nil
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func printWelcome(w io.Writer, addr, key, dataDir string) {
+	url := "http://" + addr
+	fmt.Fprintf(w, "\nCube is running: API and sandbox traffic on %s\n\n", url)
+	fmt.Fprintf(w, "Use it with the official E2B SDK:\n\n")
+	fmt.Fprintf(w, "export E2B_API_URL=%s\nexport E2B_SANDBOX_URL=%s\n", url, url)
+	if key != "" {
+		fmt.Fprintf(w, "export E2B_API_KEY=%s\n\n", key)
+	} else {
+		fmt.Fprintf(w, "export E2B_API_KEY=<your key>   # keys are stored hashed; create one with `cube key create`\n\n")
+	}
+	fmt.Fprintf(w, "Data dir: %s. Stop with Ctrl-C or `cube down --data-dir %s`.\n", dataDir, dataDir)
+}
+
+// lockPIDFile records this process in path and refuses to start a second
+// `cube up` on the same data dir.
+func lockPIDFile(path string) (func(), error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if pid, err := strconv.Atoi(string(trimNL(b))); err == nil && processAlive(pid) {
+			return nil, fmt.Errorf("cube is already running on this data dir (pid %d); stop it with `cube down`", pid)
+		}
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("write pid file: %w", err)
+	}
+	return func() { os.Remove(path) }, nil
+}

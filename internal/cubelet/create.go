@@ -1,0 +1,241 @@
+package cubelet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/failpoint"
+	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
+)
+
+// Create steps, in order. Each is a failpoint name ("create/<step>") so tests
+// can crash the cubelet between any two of them.
+var CreateSteps = []string{
+	"after-record", "after-attach", "after-egress", "after-start", "after-mapping", "after-running",
+}
+
+// envdReadyTimeout bounds how long a create waits for envd to listen.
+const envdReadyTimeout = 30 * time.Second
+
+// CreateSandbox creates and starts a sandbox, returning once envd inside it
+// is listening. On failure everything it made is removed again.
+func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sandbox, err error) {
+	if !validID(req.SandboxID) {
+		return Sandbox{}, fmt.Errorf("sandbox id %q: %w", req.SandboxID, errdefs.ErrInvalidArgument)
+	}
+	tmpl, err := c.templates.Get(ctx, req.Template)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("template %q: %w", req.Template, err)
+	}
+	unlock := c.lock(req.SandboxID)
+	defer unlock()
+	if _, err := c.store.Get(req.SandboxID); err == nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", req.SandboxID, errdefs.ErrAlreadyExists)
+	}
+
+	rec := nodestore.Sandbox{
+		ID: req.SandboxID, Template: tmpl.Name, State: nodestore.StateCreating,
+		CPUCount: pick(req.CPUCount, tmpl.CPUCount), MemoryMB: pick(req.MemoryMB, tmpl.MemoryMB),
+		DiskSizeMB: tmpl.DiskSizeMB, EnvdVersion: c.cfg.EnvdVersion,
+		AllowInternet: req.AllowInternet, CreatedAt: time.Now().UTC(),
+	}
+	if rec.Generation, err = c.store.NextGeneration(); err != nil {
+		return Sandbox{}, err
+	}
+	ip, hostPort, release, err := c.allocate(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
+	rec.IP = ip
+	rec.Ports = map[uint16]uint16{EnvdPort: hostPort}
+
+	// The owner record goes first: every kernel object made below can be
+	// traced back to it, and a crash leaves something Reconcile can find.
+	if err := c.store.Put(rec); err != nil {
+		return Sandbox{}, fmt.Errorf("write owner record: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if terr := c.teardown(cctx, rec); terr != nil {
+				c.log.Error("clean up failed create", "sandbox", rec.ID, "err", terr)
+			}
+		}
+	}()
+	if err := failpoint.Hit("create/after-record"); err != nil {
+		return Sandbox{}, err
+	}
+
+	ep, err := c.dp.Attach(ctx, rec.ID, ip)
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("attach network: %w", err)
+	}
+	if err := failpoint.Hit("create/after-attach"); err != nil {
+		return Sandbox{}, err
+	}
+	if err := c.dp.SetEgress(ctx, rec.ID, ip, egressOf(rec)); err != nil {
+		return Sandbox{}, fmt.Errorf("egress policy: %w", err)
+	}
+	if err := failpoint.Hit("create/after-egress"); err != nil {
+		return Sandbox{}, err
+	}
+
+	spec, err := c.runtimeSpec(req, rec, tmpl.RootfsPath, ep.NetNSPath)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if _, err := nsrt.Start(ctx, c.cfg.Exe, spec); err != nil {
+		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	if err := failpoint.Hit("create/after-start"); err != nil {
+		return Sandbox{}, err
+	}
+	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: rec.ID, HostPort: hostPort, SandboxIP: ip, GuestPort: EnvdPort}); err != nil {
+		return Sandbox{}, fmt.Errorf("map envd port: %w", err)
+	}
+	if err := failpoint.Hit("create/after-mapping"); err != nil {
+		return Sandbox{}, err
+	}
+	rec.State = nodestore.StateRunning
+	if err := c.putRecord(rec); err != nil {
+		return Sandbox{}, fmt.Errorf("record running sandbox: %w", err)
+	}
+	if err := failpoint.Hit("create/after-running"); err != nil {
+		return Sandbox{}, err
+	}
+	c.log.Info("sandbox created", "sandbox", rec.ID, "template", rec.Template, "ip", ip, "envdHostPort", hostPort)
+	return toSandbox(rec), nil
+}
+
+// runtimeSpec builds the namespace runtime's blueprint for one sandbox.
+func (c *Cubelet) runtimeSpec(req CreateRequest, rec nodestore.Sandbox, rootfs, netnsPath string) (nsrt.Spec, error) {
+	envdCfg, err := json.Marshal(map[string]any{
+		"accessToken": req.EnvdAccessToken,
+		"envVars":     req.EnvVars,
+		"defaultUser": "user",
+	})
+	if err != nil {
+		return nsrt.Spec{}, err
+	}
+	dir := c.sandboxDir(rec.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nsrt.Spec{}, fmt.Errorf("sandbox state dir: %w", err)
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", rec.IP, rec.ID)
+	return nsrt.Spec{
+		ID:        rec.ID,
+		StateDir:  dir,
+		Rootfs:    rootfs,
+		NetNSPath: netnsPath,
+		Hostname:  rec.ID,
+		Args:      []string{"/.cube/envd", "--ready-fd", "3", "--config", "/.cube/envd.json"},
+		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Binds:     []nsrt.Bind{{Source: c.cfg.EnvdPath, Target: "/.cube/envd", ReadOnly: true}},
+		Files: map[string]nsrt.FileSpec{
+			"/etc/resolv.conf": {Data: c.dp.ResolvConf(), Mode: 0o644},
+			"/etc/hosts":       {Data: []byte(hosts), Mode: 0o644},
+			"/etc/hostname":    {Data: []byte(rec.ID + "\n"), Mode: 0o644},
+			"/.cube/envd.json": {Data: envdCfg, Mode: 0o600},
+		},
+		Resources:    cgroup.Resources{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: 4096},
+		CgroupParent: c.cfg.CgroupParent,
+		ReadyTimeout: envdReadyTimeout,
+	}, nil
+}
+
+// allocate reserves a sandbox IP and a host port for envd. The reservation
+// is dropped by release once the owner record holds them (or create failed).
+func (c *Cubelet) allocate(ctx context.Context) (netip.Addr, uint16, func(), error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	takenIPs, takenPorts, err := c.taken(ctx)
+	if err != nil {
+		return netip.Addr{}, 0, nil, err
+	}
+	ip, err := cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, takenIPs)
+	if err != nil {
+		return netip.Addr{}, 0, nil, fmt.Errorf("allocate sandbox IP: %w", err)
+	}
+	port, err := cubevs.NextFreePort(c.cfg.Network.PortMin, c.cfg.Network.PortMax, takenPorts, 0)
+	if err != nil {
+		return netip.Addr{}, 0, nil, fmt.Errorf("allocate host port: %w", err)
+	}
+	c.reservedIPs[ip] = true
+	c.reservedPorts[port] = true
+	return ip, port, func() {
+		c.mu.Lock()
+		delete(c.reservedIPs, ip)
+		delete(c.reservedPorts, port)
+		c.mu.Unlock()
+	}, nil
+}
+
+// taken lists IPs and host ports that must not be handed out: held by a
+// record, reserved by an in-flight create, or present in the kernel (a
+// mapping whose owner is gone is swept by Reconcile, never reused blindly).
+// Callers hold c.mu.
+func (c *Cubelet) taken(ctx context.Context) (map[netip.Addr]bool, map[uint16]bool, error) {
+	ips := map[netip.Addr]bool{}
+	ports := map[uint16]bool{}
+	for ip := range c.reservedIPs {
+		ips[ip] = true
+	}
+	for p := range c.reservedPorts {
+		ports[p] = true
+	}
+	recs, _, err := c.store.List()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range recs {
+		ips[r.IP] = true
+		for _, hp := range r.Ports {
+			ports[hp] = true
+		}
+	}
+	maps, err := c.dp.Mappings(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read mappings: %w", err)
+	}
+	for _, m := range maps {
+		ports[m.HostPort] = true
+	}
+	return ips, ports, nil
+}
+
+func toSandbox(r nodestore.Sandbox) Sandbox {
+	return Sandbox{
+		ID: r.ID, Template: r.Template, IP: r.IP, EnvdVersion: r.EnvdVersion,
+		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, StartedAt: r.CreatedAt,
+	}
+}
+
+func pick(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// validID accepts ids that are safe as DNS labels, file names and link aliases.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 63 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return id[0] != '-'
+}

@@ -1,0 +1,126 @@
+// Package cubelet is Cube's node agent. It creates and destroys sandboxes by
+// composing the template registry, CubeVS networking and the namespace
+// runtime, and records every piece of kernel state it makes in the node
+// store first, so that a restart can re-adopt live sandboxes and sweep
+// orphans (see Reconcile).
+package cubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/template"
+)
+
+// EnvdPort is the port envd listens on inside every sandbox.
+const EnvdPort = 49983
+
+// Config configures a cubelet.
+type Config struct {
+	// StateDir holds the node store and one state directory per sandbox.
+	StateDir string
+	// Exe is the cube binary re-executed as `cube shim` per sandbox.
+	Exe string
+	// EnvdPath is the host path of the static envd binary injected into sandboxes.
+	EnvdPath string
+	// EnvdVersion is the protocol version the injected envd implements.
+	EnvdVersion string
+	// CgroupParent is the cgroup under which sandbox cgroups are made.
+	CgroupParent string
+	// Network configures CubeVS.
+	Network cubevs.Config
+	// Logger receives the cubelet's logs.
+	Logger *slog.Logger
+}
+
+// Cubelet is the node agent.
+type Cubelet struct {
+	cfg       Config
+	log       *slog.Logger
+	templates *template.Registry
+	dp        *cubevs.Dataplane
+	store     *nodestore.Store
+
+	// mu guards allocation decisions (IPs, host ports) and the per-sandbox
+	// locks map; the long create/destroy steps run under the sandbox's own lock.
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+	// reserved holds IPs and ports handed out but not yet in a record.
+	reservedIPs   map[netip.Addr]bool
+	reservedPorts map[uint16]bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New opens the node store and the dataplane, then reconciles the node
+// before returning, so the cubelet serves only a node whose state it owns.
+func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubelet, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "cube"
+	}
+	if err := os.MkdirAll(cfg.sandboxesDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	if _, err := os.Stat(cfg.EnvdPath); err != nil {
+		return nil, fmt.Errorf("envd binary %s: %w (build it with `make build`)", cfg.EnvdPath, errdefs.ErrFailedPrecondition)
+	}
+	store, err := nodestore.Open(filepath.Join(cfg.StateDir, "node.db"))
+	if err != nil {
+		return nil, err
+	}
+	dp, err := cubevs.Open(ctx, cfg.Network)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("open dataplane: %w", err)
+	}
+	c := &Cubelet{
+		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store,
+		locks:         map[string]*sync.Mutex{},
+		reservedIPs:   map[netip.Addr]bool{},
+		reservedPorts: map[uint16]bool{},
+	}
+	if _, err := c.Reconcile(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("reconcile node: %w", err)
+	}
+	return c, nil
+}
+
+// Close releases the store and dataplane handles; sandboxes keep running.
+// It is idempotent.
+func (c *Cubelet) Close() error {
+	c.closeOnce.Do(func() {
+		c.closeErr = errors.Join(c.dp.Close(), c.store.Close())
+	})
+	return c.closeErr
+}
+
+func (cfg Config) sandboxesDir() string { return filepath.Join(cfg.StateDir, "sandboxes") }
+
+func (c *Cubelet) sandboxDir(id string) string { return filepath.Join(c.cfg.sandboxesDir(), id) }
+
+// lock serialises operations on one sandbox id.
+func (c *Cubelet) lock(id string) func() {
+	c.mu.Lock()
+	l, ok := c.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		c.locks[id] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}

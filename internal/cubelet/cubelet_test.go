@@ -1,0 +1,191 @@
+package cubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+func createReq(id string) CreateRequest {
+	return CreateRequest{SandboxID: id, Template: "tiny", EnvdAccessToken: "tok", AllowInternet: true}
+}
+
+// envdHealthy reports whether envd of sandbox id answers /health through
+// its host-port mapping.
+func envdHealthy(t *testing.T, c *Cubelet, id string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	addr, err := c.SandboxAddr(ctx, id, EnvdPort)
+	if err != nil {
+		return err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("health: %s", resp.Status)
+	}
+	return nil
+}
+
+// assertClean fails if anything of the node's sandboxes other than `live`
+// remains: records, state dirs, mappings, endpoints, cgroups.
+func assertClean(t *testing.T, c *Cubelet, live ...string) {
+	t.Helper()
+	ctx := context.Background()
+	want := map[string]bool{}
+	for _, id := range live {
+		want[id] = true
+	}
+	recs, bad, _ := c.store.List()
+	for _, r := range recs {
+		if !want[r.ID] {
+			t.Errorf("leftover record %s (%s)", r.ID, r.State)
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("bad records: %v", bad)
+	}
+	for _, id := range c.stateDirIDs() {
+		if !want[id] {
+			t.Errorf("leftover state dir %s", id)
+		}
+	}
+	maps, err := c.dp.Mappings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range maps {
+		if !want[m.Owner] {
+			t.Errorf("leftover mapping %+v", m)
+		}
+	}
+	eps, err := c.dp.Endpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range eps {
+		if !want[ep.Owner] {
+			t.Errorf("leftover endpoint %+v", ep)
+		}
+	}
+	ids, _ := cgroup.List(c.cfg.CgroupParent)
+	for _, id := range ids {
+		if validID(id) && !want[id] {
+			t.Errorf("leftover cgroup %s", id)
+		}
+	}
+}
+
+func TestCreateReachKill(t *testing.T) {
+	n := newTestNode(t)
+	c := n.start(t)
+	defer c.Close()
+	ctx := context.Background()
+
+	sb, err := c.CreateSandbox(ctx, createReq("sbx-one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.CPUCount != 2 || sb.MemoryMB != 512 || !n.cfg.Network.NodeCIDR.Contains(sb.IP) {
+		t.Fatalf("sandbox %+v", sb)
+	}
+	if err := envdHealthy(t, c, sb.ID); err != nil {
+		t.Fatalf("envd unreachable: %v", err)
+	}
+	if _, err := c.CreateSandbox(ctx, createReq("sbx-one")); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+	if _, err := c.CreateSandbox(ctx, CreateRequest{SandboxID: "x", Template: "nope"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown template: %v", err)
+	}
+	if _, err := c.CreateSandbox(ctx, CreateRequest{SandboxID: "../evil", Template: "tiny"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bad id: %v", err)
+	}
+	m, err := c.SandboxMetrics(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.MemUsed <= 0 || m.MemTotal != 512<<20 {
+		t.Fatalf("metrics %+v", m)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("second kill: %v", err)
+	}
+	assertClean(t, c)
+}
+
+func TestRestartReadoptsAndRepairs(t *testing.T) {
+	n := newTestNode(t)
+	c := n.start(t)
+	ctx := context.Background()
+	ids := []string{"keep-a", "keep-b", "keep-c"}
+	for _, id := range ids {
+		if _, err := c.CreateSandbox(ctx, createReq(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Lose one mapping in the kernel while the agent is down.
+	rec, _ := c.store.Get("keep-b")
+	if err := c.dp.RemoveMapping(ctx, rec.Ports[EnvdPort]); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+
+	c = n.start(t)
+	defer c.Close()
+	for _, id := range ids {
+		if err := envdHealthy(t, c, id); err != nil {
+			t.Errorf("%s after restart: %v", id, err)
+		}
+	}
+	assertClean(t, c, ids...)
+}
+
+func TestLostStoreRebuildsAndSweepsOrphans(t *testing.T) {
+	n := newTestNode(t)
+	c := n.start(t)
+	ctx := context.Background()
+	if _, err := c.CreateSandbox(ctx, createReq("survivor")); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan mapping whose owner never existed (the seed bug: a stale
+	// entry blocking the next create on the same port).
+	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: "ghost", HostPort: n.cfg.Network.PortMin + 10,
+		SandboxIP: n.cfg.Network.NodeCIDR.Addr().Next().Next().Next().Next(), GuestPort: EnvdPort}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := os.Remove(filepath.Join(n.cfg.StateDir, "node.db")); err != nil {
+		t.Fatal(err)
+	}
+	c = n.start(t)
+	defer c.Close()
+	if err := envdHealthy(t, c, "survivor"); err != nil {
+		t.Fatalf("survivor after store loss: %v", err)
+	}
+	assertClean(t, c, "survivor")
+	// New creates succeed at once, including on every remaining port.
+	if _, err := c.CreateSandbox(ctx, createReq("newcomer")); err != nil {
+		t.Fatal(err)
+	}
+	if err := envdHealthy(t, c, "newcomer"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,108 @@
+package cubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/failpoint"
+	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
+)
+
+// Destroy steps, in order, each a failpoint "destroy/<step>".
+var DestroySteps = []string{"after-mark", "after-kill", "after-unmap", "after-detach"}
+
+// KillSandbox stops a sandbox and removes every kernel object it owned.
+func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
+	unlock := c.lock(id)
+	defer unlock()
+	rec, err := c.store.Get(id)
+	if err != nil {
+		return err
+	}
+	return c.teardown(ctx, rec)
+}
+
+// teardown removes a sandbox's kernel objects in reverse order of creation
+// and deletes its owner record last. It keeps going past failed steps and
+// returns them joined; the record stays if anything is left, so the next
+// Reconcile retries.
+func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
+	if rec.State != nodestore.StateDeleting {
+		rec.State = nodestore.StateDeleting
+		if err := c.store.Put(rec); err != nil {
+			return fmt.Errorf("mark sandbox deleting: %w", err)
+		}
+	}
+	if err := failpoint.Hit("destroy/after-mark"); err != nil {
+		return err
+	}
+	var errs []error
+	dir := c.sandboxDir(rec.ID)
+	if sb, err := nsrt.Attach(ctx, dir); err == nil {
+		if err := sb.Kill(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("kill sandbox: %w", err))
+		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
+		errs = append(errs, fmt.Errorf("attach shim: %w", err))
+	}
+	if err := failpoint.Hit("destroy/after-kill"); err != nil {
+		return err
+	}
+	for _, hp := range rec.Ports {
+		if err := c.dp.RemoveMapping(ctx, hp); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("remove mapping %d: %w", hp, err))
+		}
+	}
+	if err := failpoint.Hit("destroy/after-unmap"); err != nil {
+		return err
+	}
+	if err := c.dp.Detach(ctx, rec.ID); err != nil {
+		errs = append(errs, fmt.Errorf("detach network: %w", err))
+	}
+	if err := failpoint.Hit("destroy/after-detach"); err != nil {
+		return err
+	}
+	if err := nsrt.Cleanup(ctx, dir, c.cfg.CgroupParent, rec.ID); err != nil {
+		errs = append(errs, fmt.Errorf("clean up runtime state: %w", err))
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := c.store.Delete(rec.ID); err != nil {
+		return fmt.Errorf("delete owner record: %w", err)
+	}
+	c.log.Info("sandbox removed", "sandbox", rec.ID)
+	return nil
+}
+
+// KillAll tears down every sandbox on the node (clean shutdown of `cube up`
+// without --keep-sandboxes).
+func (c *Cubelet) KillAll(ctx context.Context) error {
+	recs, _, err := c.store.List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range recs {
+		if err := c.KillSandbox(ctx, r.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("sandbox %s: %w", r.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DestroyNetwork removes the node's dataplane (cube-dp netns, host veth, nft
+// tables). It refuses while any sandbox is recorded.
+func (c *Cubelet) DestroyNetwork(ctx context.Context) error {
+	recs, _, err := c.store.List()
+	if err != nil {
+		return err
+	}
+	if len(recs) > 0 {
+		return fmt.Errorf("%d sandboxes still on the node: %w", len(recs), errdefs.ErrFailedPrecondition)
+	}
+	return c.dp.Destroy(ctx)
+}

@@ -1,0 +1,61 @@
+package cubelet
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodestore"
+)
+
+// UpdateEgress replaces a running sandbox's egress policy, live.
+func (c *Cubelet) UpdateEgress(ctx context.Context, id string, p cubevs.EgressPolicy) error {
+	unlock := c.lock(id)
+	defer unlock()
+	rec, err := c.store.Get(id)
+	if err != nil {
+		return err
+	}
+	if err := c.dp.SetEgress(ctx, id, rec.IP, p); err != nil {
+		return fmt.Errorf("set egress: %w", err)
+	}
+	rec.AllowInternet = p.AllowInternet
+	rec.AllowOut = prefixStrings(p.AllowOut)
+	rec.DenyOut = prefixStrings(p.DenyOut)
+	return c.putRecord(rec)
+}
+
+// ParsePrefixes turns CIDRs or bare IPv4 addresses into prefixes. Domain
+// names are not enforceable by the nftables datapath and are refused.
+func ParsePrefixes(entries []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(entries))
+	for _, e := range entries {
+		if p, err := netip.ParsePrefix(e); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		if a, err := netip.ParseAddr(e); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		return nil, fmt.Errorf("egress rule %q: only CIDRs and IP addresses are supported on this node: %w", e, errdefs.ErrNotImplemented)
+	}
+	return out, nil
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// egressOf is the egress policy recorded for a sandbox.
+func egressOf(r nodestore.Sandbox) cubevs.EgressPolicy {
+	allow, _ := ParsePrefixes(r.AllowOut)
+	deny, _ := ParsePrefixes(r.DenyOut)
+	return cubevs.EgressPolicy{AllowInternet: r.AllowInternet, AllowOut: allow, DenyOut: deny}
+}

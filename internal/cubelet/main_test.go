@@ -1,0 +1,157 @@
+package cubelet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/template"
+)
+
+// envdBinary is built once per test run from ./cmd/envd.
+var envdBinary string
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "shim":
+			os.Exit(nsrt.ShimMain(os.Args[2:]))
+		case "sandbox-init":
+			os.Exit(nsrt.InitMain(os.Args[2:]))
+		case "cubelet-create":
+			os.Exit(crashCreateMain(os.Args[2:]))
+		case "cubelet-kill":
+			os.Exit(crashKillMain(os.Args[2:]))
+		}
+	}
+	if os.Geteuid() != 0 {
+		fmt.Println("cubelet tests need root (namespaces, nftables, cgroups); skipping")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "cubelet-envd-")
+	if err != nil {
+		panic(err)
+	}
+	envdBinary = filepath.Join(dir, "envd")
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	build := exec.Command("go", "build", "-o", envdBinary, "./cmd/envd")
+	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Printf("build envd: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// node is one test node: its config plus the paths it uses.
+type node struct {
+	cfg       Config
+	templates *template.Registry
+}
+
+// newTestNode prepares a node config with names and ranges unique to this
+// test, and a busybox template called "tiny".
+func newTestNode(t *testing.T) *node {
+	t.Helper()
+	tmp := t.TempDir()
+	raw := make([]byte, 3)
+	rand.Read(raw)
+	tag := hex.EncodeToString(raw)
+	octet := int(raw[0])%200 + 20
+	net := cubevs.DefaultConfig()
+	net.RunDir = filepath.Join(tmp, "run")
+	net.DPName = "cdp-" + tag
+	net.HostVeth = "ct" + tag
+	net.TablePrefix = "ct" + tag
+	net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.31.%d.0/24", octet))
+	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.0/30", octet))
+	net.PortMin = uint16(30000 + octet*50)
+	net.PortMax = net.PortMin + 49
+	n := &node{
+		cfg: Config{
+			StateDir:     filepath.Join(tmp, "node"),
+			Exe:          os.Args[0],
+			EnvdPath:     envdBinary,
+			EnvdVersion:  "0.0.0-test",
+			CgroupParent: "cube-test-" + tag,
+			Network:      net,
+			Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		},
+		templates: &template.Registry{Dir: filepath.Join(tmp, "templates"), CacheDir: filepath.Join(tmp, "cache")},
+	}
+	rootfs := busyboxRootfs(t)
+	if _, err := n.templates.ImportDir(context.Background(), "tiny", rootfs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.destroy(t) })
+	return n
+}
+
+// destroy removes everything the node could have left behind, so a failing
+// test does not leak into the next.
+func (n *node) destroy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := New(ctx, n.cfg, n.templates)
+	if err == nil {
+		c.KillAll(ctx)
+		c.dp.Destroy(ctx)
+		c.Close()
+	} else {
+		t.Logf("cleanup: %v", err)
+	}
+	for _, cg := range []string{n.cfg.CgroupParent, nsrt.ShimCgroup(n.cfg.CgroupParent)} {
+		if err := cgroup.DeleteEverywhere(ctx, cg); err != nil {
+			t.Logf("cleanup cgroup %s: %v", cg, err)
+		}
+	}
+}
+
+func busyboxRootfs(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skipf("busybox-static not installed: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, app := range []string{"sh", "sleep", "cat", "echo", "ls", "hostname", "id", "bash"} {
+		os.Symlink("busybox", filepath.Join(dir, "bin", app))
+	}
+	return dir
+}
+
+func (n *node) start(t *testing.T) *Cubelet {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := New(ctx, n.cfg, n.templates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}

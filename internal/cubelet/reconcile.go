@@ -1,0 +1,226 @@
+package cubelet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
+)
+
+// ReconcileReport says what one reconcile pass did.
+type ReconcileReport struct {
+	Adopted  []string      // live sandboxes kept
+	Rebuilt  []string      // live sandboxes whose lost record was rebuilt from the state dir
+	Reaped   []string      // recorded sandboxes that were dead or half-made, removed
+	Repaired int           // missing mappings re-added for live sandboxes
+	Orphans  []string      // kernel objects or state nobody owned, removed
+	Bad      []string      // unreadable records, left for an operator
+	Duration time.Duration // wall time of the pass
+}
+
+// recordFile is the copy of a running sandbox's owner record kept in its
+// state dir, so a lost node store can be rebuilt from what survived.
+const recordFile = "record.json"
+
+// Reconcile makes the node's kernel state and records agree: live sandboxes
+// are re-adopted (a missing mapping is repaired), dead or half-created ones
+// are torn down, and kernel objects with no live owner are removed. It runs
+// before the cubelet serves and may run periodically; it is idempotent.
+func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	start := time.Now()
+	var rep ReconcileReport
+	recs, bad, err := c.store.List()
+	if err != nil {
+		return rep, err
+	}
+	rep.Bad = bad
+	owners := map[string]nodestore.Sandbox{}
+	for _, r := range recs {
+		owners[r.ID] = r
+	}
+	// A lost store with live sandboxes: rebuild their records from state dirs.
+	for _, id := range c.stateDirIDs() {
+		if _, ok := owners[id]; ok {
+			continue
+		}
+		if r, ok := c.rebuildRecord(ctx, id); ok {
+			owners[id] = r
+			rep.Rebuilt = append(rep.Rebuilt, id)
+		}
+	}
+	mappings, err := c.dp.Mappings(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read mappings: %w", err)
+	}
+	for id, r := range owners {
+		alive := r.State == nodestore.StateRunning && c.shimAlive(ctx, id)
+		if !alive {
+			unlock := c.lock(id)
+			err := c.teardown(ctx, r)
+			unlock()
+			if err != nil {
+				c.log.Warn("reap sandbox", "sandbox", id, "err", err)
+			}
+			delete(owners, id)
+			rep.Reaped = append(rep.Reaped, id)
+			continue
+		}
+		rep.Adopted = append(rep.Adopted, id)
+		if err := c.dp.SetEgress(ctx, id, r.IP, egressOf(r)); err != nil {
+			c.log.Warn("re-apply egress policy", "sandbox", id, "err", err)
+		}
+		rep.Repaired += c.repairMappings(ctx, r, mappings)
+	}
+	rep.Orphans = c.sweepOrphans(ctx, owners, mappings)
+	rep.Duration = time.Since(start)
+	c.log.Info("node reconciled", "adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
+		"repaired", rep.Repaired, "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration)
+	return rep, nil
+}
+
+func (c *Cubelet) shimAlive(ctx context.Context, id string) bool {
+	sb, err := nsrt.Attach(ctx, c.sandboxDir(id))
+	if err != nil {
+		return false
+	}
+	st, err := sb.State(ctx)
+	return err == nil && st.Running
+}
+
+// repairMappings re-adds any of r's mappings missing from the kernel and
+// returns how many it repaired.
+func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, current []cubevs.Mapping) int {
+	have := map[uint16]cubevs.Mapping{}
+	for _, m := range current {
+		have[m.HostPort] = m
+	}
+	n := 0
+	for guest, hp := range r.Ports {
+		if m, ok := have[hp]; ok && m.Owner == r.ID && m.GuestPort == guest && m.SandboxIP == r.IP {
+			continue
+		}
+		if m, ok := have[hp]; ok && m.Owner != r.ID {
+			// The host port is held by a stale owner; it loses to the live one.
+			c.dp.RemoveMapping(ctx, hp)
+		}
+		if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: r.ID, HostPort: hp, SandboxIP: r.IP, GuestPort: guest}); err != nil {
+			c.log.Warn("repair mapping", "sandbox", r.ID, "hostPort", hp, "err", err)
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+// sweepOrphans removes kernel objects and state dirs whose owner is not live.
+func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.Sandbox, mappings []cubevs.Mapping) []string {
+	var orphans []string
+	for _, m := range mappings {
+		r, ok := owners[m.Owner]
+		if ok && r.Ports[m.GuestPort] == m.HostPort {
+			continue
+		}
+		if err := c.dp.RemoveMapping(ctx, m.HostPort); err == nil {
+			orphans = append(orphans, fmt.Sprintf("mapping %d (owner %s)", m.HostPort, m.Owner))
+		}
+	}
+	if eps, err := c.dp.Endpoints(ctx); err == nil {
+		for _, ep := range eps {
+			if _, ok := owners[ep.Owner]; ok {
+				continue
+			}
+			if err := c.dp.Detach(ctx, ep.Owner); err == nil {
+				orphans = append(orphans, "endpoint "+ep.Owner)
+			}
+		}
+	}
+	for _, id := range c.stateDirIDs() {
+		if _, ok := owners[id]; ok {
+			continue
+		}
+		dir := c.sandboxDir(id)
+		if sb, err := nsrt.Attach(ctx, dir); err == nil {
+			sb.Kill(ctx)
+		}
+		if err := nsrt.Cleanup(ctx, dir, c.cfg.CgroupParent, id); err == nil {
+			orphans = append(orphans, "state "+id)
+		}
+	}
+	if ids, err := cgroup.List(c.cfg.CgroupParent); err == nil {
+		for _, id := range ids {
+			if _, ok := owners[id]; ok || !validID(id) {
+				continue
+			}
+			if cg, err := cgroup.Open(c.cfg.CgroupParent, id); err == nil {
+				cg.Kill(ctx)
+				if err := cg.Remove(ctx); err == nil {
+					orphans = append(orphans, "cgroup "+id)
+				}
+			}
+		}
+	}
+	return orphans
+}
+
+func (c *Cubelet) stateDirIDs() []string {
+	ents, err := os.ReadDir(c.cfg.sandboxesDir())
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && validID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids
+}
+
+// rebuildRecord restores an owner record from a live sandbox's state dir.
+func (c *Cubelet) rebuildRecord(ctx context.Context, id string) (nodestore.Sandbox, bool) {
+	data, err := os.ReadFile(filepath.Join(c.sandboxDir(id), recordFile))
+	if err != nil {
+		return nodestore.Sandbox{}, false
+	}
+	var r nodestore.Sandbox
+	if err := json.Unmarshal(data, &r); err != nil || r.ID != id || !c.shimAlive(ctx, id) {
+		return nodestore.Sandbox{}, false
+	}
+	if err := c.store.Put(r); err != nil {
+		return nodestore.Sandbox{}, false
+	}
+	return r, true
+}
+
+// writeRecordFile keeps the state dir's copy of the owner record current.
+func (c *Cubelet) writeRecordFile(r nodestore.Sandbox) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	dir := c.sandboxDir(r.ID)
+	tmp := filepath.Join(dir, recordFile+".tmp")
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, recordFile))
+}
+
+// putRecord writes the owner record to the node store and, for a running
+// sandbox, refreshes the copy in its state dir.
+func (c *Cubelet) putRecord(r nodestore.Sandbox) error {
+	if err := c.store.Put(r); err != nil {
+		return err
+	}
+	if r.State == nodestore.StateRunning {
+		return c.writeRecordFile(r)
+	}
+	return nil
+}

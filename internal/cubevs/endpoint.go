@@ -1,0 +1,316 @@
+package cubevs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+var errNoDev = unix.ENODEV
+
+// Endpoint is a sandbox's network attachment as the kernel records it.
+type Endpoint struct {
+	// Owner is the sandbox id (the link alias in the dataplane netns).
+	Owner string
+	// NetNSPath is the pinned netns file; empty if the pin is missing.
+	NetNSPath string
+	// IP is the sandbox address; invalid if no route to it exists.
+	IP netip.Addr
+	// LinkName is the veth inside the dataplane netns; empty if missing.
+	LinkName string
+}
+
+// Attach gives owner a pinned netns at RunDir/netns/<owner> with loopback up
+// and eth0 = ip/32, default route via the gateway, joined by a veth to the
+// dataplane netns (link LinkName(owner), alias owner). It is idempotent
+// and repairs missing pieces. An ip routed to another owner's link is an
+// error wrapping errdefs.ErrConflict. Attach does not open egress; call
+// SetEgress (until then the sandbox can only answer mapped connections).
+func (d *Dataplane) Attach(ctx context.Context, owner string, ip netip.Addr) (_ Endpoint, err error) {
+	if err := d.cfg.validOwner(owner); err != nil {
+		return Endpoint{}, err
+	}
+	if err := d.cfg.validSandboxIP(ip); err != nil {
+		return Endpoint{}, err
+	}
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	defer unlock()
+
+	name := LinkName(owner)
+	if link, other, err := d.routeOwner(ip); err != nil {
+		return Endpoint{}, err
+	} else if link != "" && link != name {
+		return Endpoint{}, fmt.Errorf("attach %q: ip %s is routed to link %s owned by %q; detach %q first: %w",
+			owner, ip, link, other, other, errdefs.ErrConflict)
+	}
+	pin := d.cfg.sandboxPin(owner)
+	existed, err := isPinned(pin)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	defer func() {
+		if err != nil && !existed {
+			// Fresh attach failed half way: undo it all.
+			err = errors.Join(err, d.detachLocked(owner))
+		}
+	}()
+	sbNS, err := ensurePinnedNetNS(pin)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
+	}
+	defer sbNS.Close()
+	sb, err := netlink.NewHandleAt(sbNS)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: sandbox netlink: %w", owner, err)
+	}
+	defer sb.Close()
+
+	link, peer, err := d.ensureSandboxVeth(owner, sbNS, sb)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
+	}
+	if err := d.configureDPSide(link, ip); err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
+	}
+	if err := d.configureSandboxSide(sb, peer, ip); err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
+	}
+	return Endpoint{Owner: owner, NetNSPath: pin, IP: ip, LinkName: name}, nil
+}
+
+// ensureSandboxVeth returns the owner's veth pair (dataplane end, sandbox
+// end), creating it or replacing half of a pair.
+func (d *Dataplane) ensureSandboxVeth(owner string, sbNS netns.NsHandle, sb *netlink.Handle) (netlink.Link, netlink.Link, error) {
+	name := LinkName(owner)
+	link, lerr := d.dp.LinkByName(name)
+	if lerr != nil && !isNotFound(lerr) {
+		return nil, nil, fmt.Errorf("look up %s: %w", name, lerr)
+	}
+	peer, perr := sb.LinkByName(sandboxIfName)
+	if perr != nil && !isNotFound(perr) {
+		return nil, nil, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, perr)
+	}
+	if link != nil && link.Attrs().Alias != owner {
+		return nil, nil, fmt.Errorf("link %s belongs to %q: %w", name, link.Attrs().Alias, errdefs.ErrConflict)
+	}
+	if link != nil && peer != nil && link.Attrs().ParentIndex == peer.Attrs().Index {
+		return link, peer, nil
+	}
+	if link != nil {
+		if err := d.dp.LinkDel(link); err != nil && !isNotFound(err) {
+			return nil, nil, fmt.Errorf("delete stale %s: %w", name, err)
+		}
+	}
+	if peer != nil {
+		if err := sb.LinkDel(peer); err != nil && !isNotFound(err) {
+			return nil, nil, fmt.Errorf("delete stale sandbox %s: %w", sandboxIfName, err)
+		}
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name, MTU: d.mtu},
+		PeerName:      sandboxIfName,
+		PeerNamespace: netlink.NsFd(sbNS),
+		PeerMTU:       uint32(d.mtu),
+	}
+	if err := d.dp.LinkAdd(veth); err != nil {
+		return nil, nil, fmt.Errorf("create veth %s: %w", name, err)
+	}
+	link, err := d.dp.LinkByName(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("look up %s: %w", name, err)
+	}
+	if err := d.dp.LinkSetAlias(link, owner); err != nil {
+		return nil, nil, fmt.Errorf("set alias on %s: %w", name, err)
+	}
+	if peer, err = sb.LinkByName(sandboxIfName); err != nil {
+		return nil, nil, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, err)
+	}
+	return link, peer, nil
+}
+
+// configureDPSide brings the dataplane end up with a /32 route to ip and no
+// route to anything else.
+func (d *Dataplane) configureDPSide(link netlink.Link, ip netip.Addr) error {
+	if err := d.dp.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", link.Attrs().Name, err)
+	}
+	routes, err := d.dp.RouteList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
+	}
+	want := hostIPNet(ip)
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.String() != want.String() {
+			if err := d.dp.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("delete stale route %s: %w", r.Dst, err)
+			}
+		}
+	}
+	rt := &netlink.Route{LinkIndex: link.Attrs().Index, Dst: want, Scope: netlink.SCOPE_LINK}
+	if err := d.dp.RouteReplace(rt); err != nil {
+		return fmt.Errorf("route %s via %s: %w", ip, link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// configureSandboxSide sets lo and eth0 up, eth0 = ip/32 only, and the
+// default route via the gateway (on-link).
+func (d *Dataplane) configureSandboxSide(sb *netlink.Handle, peer netlink.Link, ip netip.Addr) error {
+	lo, err := sb.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("sandbox lo: %w", err)
+	}
+	for _, l := range []netlink.Link{lo, peer} {
+		if err := sb.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set sandbox %s up: %w", l.Attrs().Name, err)
+		}
+	}
+	want := hostIPNet(ip)
+	addrs, err := sb.AddrList(peer, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list sandbox addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if a.IPNet.String() != want.String() {
+			if err := sb.AddrDel(peer, &a); err != nil {
+				return fmt.Errorf("delete stale sandbox address %s: %w", a.IPNet, err)
+			}
+		}
+	}
+	if err := sb.AddrReplace(peer, &netlink.Addr{IPNet: want}); err != nil {
+		return fmt.Errorf("sandbox address %s: %w", ip, err)
+	}
+	def := &netlink.Route{LinkIndex: peer.Attrs().Index, Gw: d.cfg.gateway().AsSlice(),
+		Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Flags: int(netlink.FLAG_ONLINK)}
+	if err := sb.RouteReplace(def); err != nil {
+		return fmt.Errorf("sandbox default route: %w", err)
+	}
+	return nil
+}
+
+// routeOwner returns the dataplane link that ip/32 is routed to and that
+// link's owner (alias), or "", "".
+func (d *Dataplane) routeOwner(ip netip.Addr) (link, owner string, err error) {
+	routes, err := d.dp.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: hostIPNet(ip)}, netlink.RT_FILTER_DST)
+	if err != nil {
+		return "", "", fmt.Errorf("look up route to %s: %w", ip, err)
+	}
+	for _, r := range routes {
+		if l, err := d.dp.LinkByIndex(r.LinkIndex); err == nil {
+			return l.Attrs().Name, l.Attrs().Alias, nil
+		}
+	}
+	return "", "", nil
+}
+
+// Detach removes owner's mappings, egress chain, veth pair and netns pin,
+// in that order (the pin, the anchor, goes last). Missing pieces are fine;
+// failures do not stop later steps and are returned joined.
+func (d *Dataplane) Detach(ctx context.Context, owner string) error {
+	if err := d.cfg.validOwner(owner); err != nil {
+		return err
+	}
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return d.detachLocked(owner)
+}
+
+func (d *Dataplane) detachLocked(owner string) error {
+	var errs []error
+	errs = append(errs, d.removeOwnerNFT(owner))
+	name := LinkName(owner)
+	if l, err := d.dp.LinkByName(name); err == nil {
+		if a := l.Attrs().Alias; a != owner && a != "" {
+			errs = append(errs, fmt.Errorf("link %s belongs to %q; left in place: %w", name, a, errdefs.ErrConflict))
+		} else if err := d.dp.LinkDel(l); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete link %s: %w", name, err))
+		}
+	} else if !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("look up link %s: %w", name, err))
+	}
+	errs = append(errs, unpinNetNS(d.cfg.sandboxPin(owner)))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach %s: %w", owner, err)
+	}
+	return nil
+}
+
+// Endpoints lists attachments found in the kernel: every cv* veth in the
+// dataplane netns (owner from its alias, IP from its /32 route) and every
+// pinned sandbox netns, including half-made ones, sorted by owner.
+func (d *Dataplane) Endpoints(ctx context.Context) ([]Endpoint, error) {
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	byOwner := map[string]*Endpoint{}
+	links, err := d.dp.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list dataplane links: %w", err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if _, ok := l.(*netlink.Veth); !ok || !strings.HasPrefix(a.Name, "cv") || a.Alias == "" {
+			continue
+		}
+		ep := &Endpoint{Owner: a.Alias, LinkName: a.Name}
+		routes, err := d.dp.RouteList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("list routes of %s: %w", a.Name, err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil {
+				continue
+			}
+			if ones, _ := r.Dst.Mask.Size(); ones == 32 {
+				ep.IP, _ = netip.AddrFromSlice(r.Dst.IP.To4())
+			}
+		}
+		byOwner[a.Alias] = ep
+	}
+	entries, err := os.ReadDir(d.cfg.netnsDir())
+	if err != nil {
+		return nil, fmt.Errorf("list netns pins: %w", err)
+	}
+	for _, e := range entries {
+		if e.Name() == d.cfg.DPName {
+			continue
+		}
+		path := d.cfg.sandboxPin(e.Name())
+		if ok, _ := isPinned(path); !ok {
+			continue
+		}
+		if byOwner[e.Name()] == nil {
+			byOwner[e.Name()] = &Endpoint{Owner: e.Name()}
+		}
+		byOwner[e.Name()].NetNSPath = path
+	}
+	out := make([]Endpoint, 0, len(byOwner))
+	for _, ep := range byOwner {
+		out = append(out, *ep)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Owner < out[j].Owner })
+	return out, nil
+}
+
+func hostIPNet(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+}

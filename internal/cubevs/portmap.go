@@ -1,0 +1,171 @@
+package cubevs
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/google/nftables"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Mapping forwards HostPort (TCP and UDP, on every host address and on
+// DialAddr) to SandboxIP:GuestPort. Owner is stored with the kernel element
+// (its nft comment) and read back by Mappings.
+type Mapping struct {
+	Owner     string
+	HostPort  uint16
+	SandboxIP netip.Addr
+	GuestPort uint16
+}
+
+// AddMapping installs m in the dataplane port map. If HostPort is already
+// mapped: same owner and target is a no-op, same owner with another target
+// replaces it, another owner is an error wrapping errdefs.ErrConflict that
+// names both owners.
+func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) error {
+	if err := d.cfg.validOwner(m.Owner); err != nil {
+		return err
+	}
+	if err := d.cfg.validSandboxIP(m.SandboxIP); err != nil {
+		return err
+	}
+	if m.HostPort < d.cfg.PortMin || m.HostPort > d.cfg.PortMax || m.GuestPort == 0 {
+		return fmt.Errorf("map host port %d -> %s:%d: host port must be in %d-%d, guest port non-zero: %w",
+			m.HostPort, m.SandboxIP, m.GuestPort, d.cfg.PortMin, d.cfg.PortMax, errdefs.ErrInvalidArgument)
+	}
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, other, err := d.routeOwner(m.SandboxIP); err != nil {
+		return err
+	} else if other != "" && other != m.Owner {
+		return fmt.Errorf("map host port %d for %q: %s is attached to %q: %w",
+			m.HostPort, m.Owner, m.SandboxIP, other, errdefs.ErrConflict)
+	}
+	c, err := d.dpConn()
+	if err != nil {
+		return err
+	}
+	set := d.portmapSet()
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		return fmt.Errorf("read port map: %w", err)
+	}
+	for _, e := range elems {
+		old, ok := decodeMapping(e)
+		if !ok || old.HostPort != m.HostPort {
+			continue
+		}
+		if old.Owner != m.Owner {
+			return fmt.Errorf("host port %d is mapped to %s:%d owned by %q; %q cannot take it: %w",
+				m.HostPort, old.SandboxIP, old.GuestPort, old.Owner, m.Owner, errdefs.ErrConflict)
+		}
+		if old == m {
+			return nil
+		}
+		if err := c.SetDeleteElements(set, []nftables.SetElement{e}); err != nil {
+			return fmt.Errorf("replace mapping %d: %w", m.HostPort, err)
+		}
+	}
+	if err := c.SetAddElements(set, []nftables.SetElement{encodeMapping(m)}); err != nil {
+		return fmt.Errorf("add mapping %d: %w", m.HostPort, err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("add mapping %d -> %s:%d: %w", m.HostPort, m.SandboxIP, m.GuestPort, err)
+	}
+	return nil
+}
+
+// RemoveMapping deletes the mapping of hostPort; an unmapped port is fine.
+func (d *Dataplane) RemoveMapping(ctx context.Context, hostPort uint16) error {
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return d.deleteMappings(func(m Mapping) bool { return m.HostPort == hostPort })
+}
+
+// Mappings reads the port map back from the kernel, sorted by host port.
+func (d *Dataplane) Mappings(ctx context.Context) ([]Mapping, error) {
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	c, err := d.dpConn()
+	if err != nil {
+		return nil, err
+	}
+	elems, err := c.GetSetElements(d.portmapSet())
+	if err != nil {
+		return nil, fmt.Errorf("read port map: %w", err)
+	}
+	out := make([]Mapping, 0, len(elems))
+	for _, e := range elems {
+		if m, ok := decodeMapping(e); ok {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].HostPort < out[j].HostPort })
+	return out, nil
+}
+
+// deleteMappings removes, in one transaction, the elements matching del.
+func (d *Dataplane) deleteMappings(del func(Mapping) bool) error {
+	c, err := d.dpConn()
+	if err != nil {
+		return err
+	}
+	set := d.portmapSet()
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		return fmt.Errorf("read port map: %w", err)
+	}
+	var gone []nftables.SetElement
+	for _, e := range elems {
+		if m, ok := decodeMapping(e); ok && del(m) {
+			gone = append(gone, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	if err := c.SetDeleteElements(set, gone); err != nil {
+		return fmt.Errorf("delete mappings: %w", err)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete mappings: %w", err)
+	}
+	return nil
+}
+
+// encodeMapping lays out key = port (2 bytes), value = ip (4) . port (2,
+// padded to a 4-byte register), comment = owner.
+func encodeMapping(m Mapping) nftables.SetElement {
+	key := make([]byte, 2)
+	binary.BigEndian.PutUint16(key, m.HostPort)
+	ip := m.SandboxIP.As4()
+	val := make([]byte, 8)
+	copy(val, ip[:])
+	binary.BigEndian.PutUint16(val[4:], m.GuestPort)
+	return nftables.SetElement{Key: key, Val: val, Comment: m.Owner}
+}
+
+func decodeMapping(e nftables.SetElement) (Mapping, bool) {
+	if len(e.Key) < 2 || len(e.Val) < 6 {
+		return Mapping{}, false
+	}
+	return Mapping{
+		Owner:     e.Comment,
+		HostPort:  binary.BigEndian.Uint16(e.Key),
+		SandboxIP: netip.AddrFrom4([4]byte(e.Val[:4])),
+		GuestPort: binary.BigEndian.Uint16(e.Val[4:6]),
+	}, true
+}

@@ -1,0 +1,129 @@
+package envd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/cube-dev/cube/internal/envd/reaper"
+)
+
+// shutdownTimeout bounds a graceful stop.
+const shutdownTimeout = 5 * time.Second
+
+// options are envd's command-line flags.
+type options struct {
+	addr       string
+	configFile string
+	readyFD    int
+}
+
+// Main runs envd with command-line args (without the program name) and
+// returns the process exit code.
+func Main(args []string) int {
+	fset := flag.NewFlagSet("envd", flag.ContinueOnError)
+	var opts options
+	fset.StringVar(&opts.addr, "addr", DefaultAddr, "listen address")
+	fset.StringVar(&opts.configFile, "config", DefaultConfigFile, "JSON config file (missing = defaults)")
+	fset.IntVar(&opts.readyFD, "ready-fd", 0, "file descriptor (>2) to write one byte to and close once listening")
+	version := fset.Bool("version", false, "print the version and exit")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *version {
+		fmt.Println(Version)
+		return 0
+	}
+	if opts.readyFD != 0 && opts.readyFD < 3 {
+		fmt.Fprintln(os.Stderr, "envd: --ready-fd must be 3 or higher")
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "envd")
+	if reaper.Needed() {
+		code, err := reaper.Run(args, opts.readyFD)
+		if err != nil {
+			logger.Error("pid 1 reaper failed", "err", err)
+		}
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, logger, opts); err != nil {
+		logger.Error("envd stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func run(ctx context.Context, logger *slog.Logger, opts options) error {
+	cfg, err := LoadConfig(opts.configFile)
+	if err != nil {
+		return err
+	}
+	srv := NewServer(cfg)
+	ln, err := net.Listen("tcp", opts.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", opts.addr, err)
+	}
+	if opts.readyFD > 0 {
+		if err := signalReady(opts.readyFD); err != nil {
+			_ = ln.Close()
+			return err
+		}
+	}
+	logger.Info("envd listening", "addr", ln.Addr().String(), "version", Version)
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	hs := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		Protocols:         &protocols,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		_ = srv.Close(context.Background())
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("envd shutting down")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	// Streams of running processes only end with their processes: kill
+	// those first, then drain connections.
+	cerr := srv.Close(sctx)
+	serr := hs.Shutdown(sctx)
+	if errors.Is(serr, context.DeadlineExceeded) {
+		serr = hs.Close()
+	}
+	return errors.Join(cerr, serr)
+}
+
+// signalReady writes one byte to fd and closes it.
+func signalReady(fd int) error {
+	f := os.NewFile(uintptr(fd), "ready-fd")
+	if f == nil {
+		return fmt.Errorf("ready fd %d is not valid", fd)
+	}
+	defer f.Close()
+	if _, err := io.WriteString(f, "1"); err != nil {
+		return fmt.Errorf("write ready fd %d: %w", fd, err)
+	}
+	return nil
+}

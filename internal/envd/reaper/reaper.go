@@ -1,0 +1,95 @@
+// Package reaper lets envd run as PID 1 of a sandbox: the PID-1 copy
+// re-executes the binary as its only child, reaps every orphan the kernel
+// hands it, forwards termination signals to the child, and exits with the
+// child's status. The child (the real envd) keeps exec.Cmd.Wait working for
+// its own processes because nobody else waits for them.
+package reaper
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// envMarker tells the re-executed child that it is not the reaper.
+const envMarker = "CUBE_ENVD_REAPED=1"
+
+// Needed reports whether this process is PID 1 and has not been re-executed
+// yet, i.e. whether it should call Run instead of serving.
+func Needed() bool {
+	return os.Getpid() == 1 && os.Getenv("CUBE_ENVD_REAPED") == ""
+}
+
+// Run starts the current executable with args as a child, passing on fd
+// inheritFD (if > 2) at the same number, reaps all children until that
+// child exits, and returns the exit code to use (128+signal when the child
+// was killed by a signal).
+func Run(args []string, inheritFD int) (int, error) {
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+
+	exe, err := os.Executable()
+	if err != nil {
+		exe = os.Args[0]
+	}
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
+	var inherited *os.File
+	if inheritFD > 2 {
+		inherited = os.NewFile(uintptr(inheritFD), "inherited")
+		for len(files) < inheritFD {
+			files = append(files, nil)
+		}
+		files = append(files, inherited)
+	}
+	child, err := os.StartProcess(exe, append([]string{os.Args[0]}, args...), &os.ProcAttr{
+		Env:   append(os.Environ(), envMarker),
+		Files: files,
+	})
+	if inherited != nil {
+		_ = inherited.Close()
+	}
+	if err != nil {
+		return 1, fmt.Errorf("start envd child: %w", err)
+	}
+	for sig := range sigs {
+		if sig != syscall.SIGCHLD {
+			_ = child.Signal(sig)
+			continue
+		}
+		if code, done := reapAll(child.Pid); done {
+			return code, nil
+		}
+	}
+	return 1, errors.New("signal channel closed")
+}
+
+// reapAll collects every exited child; it reports the exit code of the
+// child with pid main once that one is among them.
+func reapAll(main int) (code int, done bool) {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return code, done
+		}
+		if pid == main {
+			done = true
+			switch {
+			case ws.Exited():
+				code = ws.ExitStatus()
+			case ws.Signaled():
+				code = 128 + int(ws.Signal())
+			default:
+				code = 1
+			}
+		}
+	}
+}

@@ -1,0 +1,104 @@
+package master
+
+import (
+	"context"
+	"time"
+
+	"github.com/cube-dev/cube/internal/store"
+)
+
+// reapRetry is how long the reaper waits before retrying a sandbox whose
+// kill/pause failed, or the store after an error.
+const reapRetry = 5 * time.Second
+
+// runReaper is the TTL loop: one timer armed on the earliest endAt of a
+// running sandbox, re-armed whenever rearm is called.
+func (m *Master) runReaper(ctx context.Context) {
+	defer close(m.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	backoff := map[string]time.Time{}
+	for {
+		if wake := m.reapOnce(ctx, backoff); !wake.IsZero() {
+			timer.Reset(max(time.Until(wake), 0))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// reapOnce handles every expired sandbox and returns when to wake next (zero
+// = nothing scheduled).
+func (m *Master) reapOnce(ctx context.Context, backoff map[string]time.Time) time.Time {
+	now := time.Now()
+	expired, err := m.store.ExpiredSandboxes(ctx, now)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Error("reaper: list expired sandboxes", "err", err)
+		}
+		return now.Add(reapRetry)
+	}
+	var wake time.Time
+	earlier := func(t time.Time) {
+		if wake.IsZero() || t.Before(wake) {
+			wake = t
+		}
+	}
+	seen := make(map[string]bool, len(expired))
+	for _, sb := range expired {
+		seen[sb.ID] = true
+		if at, ok := backoff[sb.ID]; ok && at.After(now) {
+			earlier(at)
+			continue
+		}
+		if err := m.expire(ctx, sb.ID, now); err != nil {
+			if ctx.Err() != nil {
+				return time.Time{}
+			}
+			m.log.Error("reaper: expire sandbox", "sandbox", sb.ID, "err", err)
+			backoff[sb.ID] = now.Add(reapRetry)
+			earlier(backoff[sb.ID])
+			continue
+		}
+		delete(backoff, sb.ID)
+	}
+	for id := range backoff {
+		if !seen[id] {
+			delete(backoff, id)
+		}
+	}
+	next, ok, err := m.store.NextEndAt(ctx, now)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			m.log.Error("reaper: next end", "err", err)
+		}
+		earlier(now.Add(reapRetry))
+	case ok:
+		earlier(next)
+	}
+	return wake
+}
+
+// expire kills or pauses one sandbox if it is still running and past its end
+// (a concurrent setTimeout/connect may have extended it).
+func (m *Master) expire(ctx context.Context, id string, now time.Time) error {
+	unlock := m.locks.lock(id)
+	defer unlock()
+	sb, err := m.store.GetSandbox(ctx, id)
+	if err != nil || sb.State != store.StateRunning || sb.EndAt.After(now) {
+		return nil // gone, paused or extended meanwhile
+	}
+	if sb.Lifecycle.OnTimeout == "pause" {
+		m.log.Info("sandbox timed out, pausing", "sandbox", id)
+		return m.pauseLocked(ctx, sb)
+	}
+	m.log.Info("sandbox timed out, killing", "sandbox", id)
+	return m.killLocked(ctx, id)
+}

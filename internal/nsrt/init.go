@@ -1,0 +1,92 @@
+package nsrt
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// InitMain is the body of `cube sandbox-init --state-dir DIR`; args are the
+// arguments after the subcommand. It runs as pid 1 of the sandbox's new
+// namespaces, started by the shim: it waits until the shim has placed it in
+// the sandbox cgroup, builds the root filesystem, pivots into it and execs
+// the spec's init with the ready pipe on fd 3. Errors go to stderr (the
+// init log) and end the process with status 1.
+func InitMain(args []string) int {
+	// Namespace operations (unshare) apply to the calling thread only.
+	runtime.LockOSThread()
+	if err := initMain(args); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: %v\n", err)
+		return 1
+	}
+	return 0 // not reached: initMain execs
+}
+
+func initMain(args []string) error {
+	fs := flag.NewFlagSet(InitCommand, flag.ContinueOnError)
+	stateDir := fs.String("state-dir", "", "sandbox state directory")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if os.Getpid() != 1 {
+		return errors.New("must run as pid 1 of a new pid namespace (it is started by the shim)")
+	}
+	// Wait for the shim: one byte means "you are in the sandbox cgroup", EOF
+	// means "give up".
+	syncPipe := os.NewFile(syncFD, "sync")
+	var b [1]byte
+	if n, _ := io.ReadFull(syncPipe, b[:]); n != 1 {
+		return errors.New("shim aborted the start")
+	}
+	syncPipe.Close()
+	spec, err := readSpec(*stateDir)
+	if err != nil {
+		return err
+	}
+	spec = spec.withDefaults()
+	// Only now, inside the sandbox cgroup, can a cgroup namespace root there.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: no cgroup namespace: %v\n", err)
+	}
+	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	if err := setupRoot(spec); err != nil {
+		return err
+	}
+	argv0, err := lookPath(spec.Args[0], spec.Env)
+	if err != nil {
+		return err
+	}
+	if err := unix.Exec(argv0, spec.Args, spec.Env); err != nil {
+		return fmt.Errorf("exec %s: %w", argv0, err)
+	}
+	return nil
+}
+
+// lookPath resolves a command name in the PATH of env (inside the new root).
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("init command %q not found in PATH %s", name, path)
+}

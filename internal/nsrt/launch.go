@@ -1,0 +1,223 @@
+package nsrt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/shim"
+)
+
+// InitCommand is the subcommand of the cube binary that runs InitMain.
+const InitCommand = "sandbox-init"
+
+// syncFD is the fd on which sandbox-init waits until the shim has put it
+// into the sandbox cgroup.
+const syncFD = 4
+
+// ShimMain is the body of `cube shim`; args are the arguments after the
+// subcommand.
+func ShimMain(args []string) int {
+	return shim.Main(args, launch)
+}
+
+// ShimCgroup is the cgroup (relative to each hierarchy root) holding the
+// shims of sandboxes under cgroup parent p: outside the agent's cgroup and
+// outside every sandbox's.
+func ShimCgroup(parent string) string {
+	if parent == "" {
+		parent = cgroup.DefaultParent
+	}
+	return parent + "-shims"
+}
+
+// workload is a running sandbox init as the shim sees it.
+type workload struct {
+	pid    int
+	cg     *cgroup.Cgroup
+	done   chan struct{} // closed when init has exited
+	status shim.ExitStatus
+	once   sync.Once
+}
+
+func (w *workload) Pid() int                         { return w.pid }
+func (w *workload) Wait() shim.ExitStatus            { <-w.done; return w.status }
+func (w *workload) Kill(ctx context.Context) error   { return w.cg.Kill(ctx) }
+func (w *workload) Freeze(ctx context.Context) error { return w.cg.Freeze(ctx) }
+func (w *workload) Thaw(ctx context.Context) error   { return w.cg.Thaw(ctx) }
+
+// launch runs in the detached shim: it starts sandbox-init in new
+// namespaces, moves it into the sandbox cgroup, releases it and waits for
+// the init's readiness byte.
+func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
+	spec, err := readSpec(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	spec = spec.withDefaults()
+	if err := cgroup.MoveAll(ShimCgroup(spec.CgroupParent), os.Getpid()); err != nil {
+		return nil, fmt.Errorf("move shim out of the agent's cgroup: %w", err)
+	}
+	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := cg.Create(spec.Resources); err != nil {
+		return nil, fmt.Errorf("create sandbox cgroup: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(stateDir, InitLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	defer syncW.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		syncR.Close()
+		return nil, err
+	}
+	defer readyR.Close()
+
+	w := &workload{cg: cg, done: make(chan struct{})}
+	started := make(chan error, 1)
+	go runInit(spec, stateDir, []*os.File{logf, readyW, syncR}, w, started)
+	err = <-started
+	logf.Close()
+	readyW.Close()
+	syncR.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = syscall.Kill(w.pid, syscall.SIGKILL)
+			_ = cg.Kill(kctx)
+			select {
+			case <-w.done:
+			case <-kctx.Done():
+			}
+			if tail := logTail(stateDir, 2048); tail != "" {
+				err = fmt.Errorf("%w; init output: %s", err, tail)
+			}
+		}
+	}()
+	if err := cg.AddProc(w.pid); err != nil {
+		return nil, fmt.Errorf("put init into the sandbox cgroup: %w", err)
+	}
+	if _, err := syncW.Write([]byte{1}); err != nil {
+		return nil, fmt.Errorf("release sandbox-init: %w", err)
+	}
+	syncW.Close()
+	return w, waitReady(readyR, w, spec.ReadyTimeout)
+}
+
+// waitReady blocks until init writes to its ready fd, exits, or the
+// timeout passes.
+func waitReady(readyR *os.File, w *workload, timeout time.Duration) error {
+	if err := readyR.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	var b [1]byte
+	n, err := readyR.Read(b[:])
+	switch {
+	case n == 1:
+		return nil
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("sandbox init not ready after %s: %w", timeout, errdefs.ErrUnavailable)
+	case errors.Is(err, io.EOF):
+		// The ready fd closed: init exited (or closed it) before writing.
+		select {
+		case <-w.done:
+			return fmt.Errorf("sandbox init exited before it was ready (exit code %d%s): %w",
+				w.status.ExitCode, sigSuffix(w.status.Signal), errdefs.ErrFailedPrecondition)
+		case <-time.After(2 * time.Second):
+			return fmt.Errorf("sandbox init closed its ready fd without writing: %w", errdefs.ErrFailedPrecondition)
+		}
+	default:
+		return fmt.Errorf("read init readiness: %w", err)
+	}
+}
+
+func sigSuffix(sig string) string {
+	if sig == "" {
+		return ""
+	}
+	return ", signal " + sig
+}
+
+// runInit starts sandbox-init on a thread that has joined the sandbox's
+// network namespace and stays locked for the init's lifetime: the thread
+// never returns to the Go scheduler with a foreign netns, and Pdeathsig
+// (tied to the forking thread) fires only when the shim itself dies.
+// files are the init's stdout/stderr, ready fd (3) and sync fd (4).
+func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started chan<- error) {
+	runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+	defer w.once.Do(func() { close(w.done) })
+	flags := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
+	if spec.NetNSPath == "" {
+		flags |= unix.CLONE_NEWNET
+	} else if err := joinNetNS(spec.NetNSPath); err != nil {
+		started <- err
+		return
+	}
+	cmd := exec.Command("/proc/self/exe", InitCommand, "--state-dir", stateDir)
+	cmd.Args[0] = os.Args[0]
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = files[0], files[0]
+	cmd.ExtraFiles = files[1:]
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL, Setsid: true}
+	if err := cmd.Start(); err != nil {
+		started <- fmt.Errorf("start sandbox-init: %w", err)
+		return
+	}
+	w.pid = cmd.Process.Pid
+	started <- nil
+	_ = cmd.Wait()
+	w.status = exitStatus(cmd.ProcessState)
+}
+
+func joinNetNS(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w: %w", path, errdefs.ErrNotFound, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("join netns %s: %w", path, err)
+	}
+	return nil
+}
+
+func exitStatus(ps *os.ProcessState) shim.ExitStatus {
+	e := shim.ExitStatus{ExitCode: -1, ExitedAt: time.Now().UTC()}
+	if ps == nil {
+		return e
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ok && ws.Signaled():
+		e.Signal = unix.SignalName(ws.Signal())
+	default:
+		e.ExitCode = ps.ExitCode()
+	}
+	return e
+}

@@ -1,0 +1,169 @@
+// Package nsrt is the namespace runtime: it runs a sandbox as an init in its
+// own pid, mount, uts, ipc and cgroup namespaces, joined to a network
+// namespace made by the networking layer, on an overlayfs over a read-only
+// template rootfs, inside a cgroup with limits. Each sandbox is supervised
+// by a detached `cube shim` (see package shim) so it outlives the agent.
+package nsrt
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/shim"
+)
+
+// Files and directories nsrt keeps in a sandbox state dir (next to the
+// shim's shim.json, exit.json, shim.sock and shim.log).
+const (
+	SpecFile  = "spec.json" // the Spec, written by Start
+	InitLog   = "init.log"  // the init's stdout and stderr
+	rootfsDir = "rootfs"    // overlay mount point (inside the sandbox's mount namespace only)
+	upperDir  = "upper"     // overlay upper layer: everything the sandbox wrote
+	workDir   = "work"      // overlay work dir
+)
+
+// DefaultReadyTimeout bounds how long init may take to signal readiness.
+const DefaultReadyTimeout = 10 * time.Second
+
+// ReadyFD is the fd on which the sandbox's init writes a byte once ready.
+const ReadyFD = 3
+
+// Bind makes a host file or directory visible inside the sandbox.
+type Bind struct {
+	Source   string `json:"source"`   // absolute host path
+	Target   string `json:"target"`   // absolute path in the sandbox, created if missing
+	ReadOnly bool   `json:"readOnly"` // mounted read-only
+}
+
+// FileSpec is a file written into the sandbox's writable layer before init runs.
+type FileSpec struct {
+	Data []byte      `json:"data"`
+	Mode os.FileMode `json:"mode"` // 0 means 0644
+}
+
+// Spec is the blueprint of one sandbox.
+type Spec struct {
+	ID       string `json:"id"`
+	StateDir string `json:"stateDir"` // exists and is owned by the caller
+	Rootfs   string `json:"rootfs"`   // template rootfs, overlay lower, never written
+	// NetNSPath is the network namespace to join; "" makes a new empty one.
+	NetNSPath string `json:"netnsPath,omitempty"`
+	Hostname  string `json:"hostname,omitempty"` // "" means ID
+	// Args is the argv of the sandbox's init (pid 1). It writes a byte to fd
+	// 3 when ready. Args[0] without a '/' is looked up in the PATH of Env.
+	Args         []string            `json:"args"`
+	Env          []string            `json:"env,omitempty"`
+	Binds        []Bind              `json:"binds,omitempty"`
+	Files        map[string]FileSpec `json:"files,omitempty"`
+	Resources    cgroup.Resources    `json:"resources"`
+	CgroupParent string              `json:"cgroupParent,omitempty"` // "" means cgroup.DefaultParent
+	ReadyTimeout time.Duration       `json:"readyTimeout,omitempty"` // 0 means DefaultReadyTimeout
+}
+
+// withDefaults fills the zero fields that have defaults.
+func (s Spec) withDefaults() Spec {
+	if s.Hostname == "" {
+		s.Hostname = s.ID
+	}
+	if s.CgroupParent == "" {
+		s.CgroupParent = cgroup.DefaultParent
+	}
+	if s.ReadyTimeout == 0 {
+		s.ReadyTimeout = DefaultReadyTimeout
+	}
+	return s
+}
+
+// Validate checks the spec without touching the host beyond stat calls.
+func (s Spec) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("sandbox spec: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	}
+	if s.ID == "" || strings.ContainsAny(s.ID, "/\x00") || s.ID == "." || s.ID == ".." {
+		return bad("invalid id %q", s.ID)
+	}
+	if len(s.Hostname) > 64 {
+		return bad("hostname %q longer than 64 bytes", s.Hostname)
+	}
+	for name, p := range map[string]string{"state dir": s.StateDir, "rootfs": s.Rootfs} {
+		if !filepath.IsAbs(p) {
+			return bad("%s %q is not an absolute path", name, p)
+		}
+		// overlayfs options separate with ',' and ':'.
+		if strings.ContainsAny(p, ",:\n\x00") {
+			return bad("%s %q contains ',' or ':'", name, p)
+		}
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			return bad("%s %q is not a directory", name, p)
+		}
+	}
+	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
+		return bad("netns path %q is not absolute", s.NetNSPath)
+	}
+	if len(s.Args) == 0 || s.Args[0] == "" {
+		return bad("no init argv")
+	}
+	for _, b := range s.Binds {
+		if !filepath.IsAbs(b.Source) || !filepath.IsAbs(b.Target) {
+			return bad("bind %q -> %q: paths must be absolute", b.Source, b.Target)
+		}
+		if _, err := os.Stat(b.Source); err != nil {
+			return bad("bind source %q: %v", b.Source, err)
+		}
+	}
+	for p := range s.Files {
+		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+			return bad("file %q: path must be absolute and not /", p)
+		}
+	}
+	if s.ReadyTimeout < 0 {
+		return bad("negative ready timeout")
+	}
+	return s.Resources.Validate()
+}
+
+func writeSpec(s Spec) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	// The spec may carry secrets (envd token in Files), hence 0600.
+	return shim.WriteFileAtomic(filepath.Join(s.StateDir, SpecFile), b, 0o600)
+}
+
+func readSpec(stateDir string) (Spec, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, SpecFile))
+	if err != nil {
+		return Spec{}, fmt.Errorf("read sandbox spec: %w", err)
+	}
+	var s Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return Spec{}, fmt.Errorf("parse sandbox spec: %w: %w", errdefs.ErrInvalidArgument, err)
+	}
+	return s, nil
+}
+
+// logTail returns the last n bytes of the init log, for error messages.
+func logTail(stateDir string, n int64) string {
+	f, err := os.Open(filepath.Join(stateDir, InitLog))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-n, 0)
+	b := make([]byte, fi.Size()-off)
+	if _, err := f.ReadAt(b, off); err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

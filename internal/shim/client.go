@@ -1,0 +1,148 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Client talks to one running shim. Close it when done.
+type Client struct {
+	stateDir string
+	info     Info
+	proc     *pidFD
+	http     *http.Client
+}
+
+// Dial re-attaches to the shim recorded in stateDir. It fails with
+// ErrNotFound when no shim was recorded or it has exited, and with
+// ErrUnavailable when its process lives but does not answer.
+func Dial(ctx context.Context, stateDir string) (*Client, error) {
+	info, err := ReadInfo(stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("shim in %s: %w", stateDir, err)
+	}
+	proc, err := openPidFD(info.PID)
+	if err != nil {
+		return nil, fmt.Errorf("shim %d in %s is gone: %w", info.PID, stateDir, errdefs.ErrNotFound)
+	}
+	c := newClient(stateDir, info, proc)
+	var st State
+	if err := c.call(ctx, http.MethodGet, "/state", &st); err != nil {
+		c.Close()
+		if proc.exited() || errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("shim %d in %s has exited: %w", info.PID, stateDir, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("shim %d in %s does not answer: %w", info.PID, stateDir, err)
+	}
+	if st.ShimPID != info.PID {
+		c.Close()
+		return nil, fmt.Errorf("shim in %s reports pid %d, recorded %d: %w", stateDir, st.ShimPID, info.PID, errdefs.ErrConflict)
+	}
+	return c, nil
+}
+
+func newClient(stateDir string, info Info, proc *pidFD) *Client {
+	sock := filepath.Join(stateDir, SocketFile)
+	return &Client{stateDir: stateDir, info: info, proc: proc, http: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		MaxIdleConns: 1,
+	}}}
+}
+
+// Info returns the shim's record.
+func (c *Client) Info() Info { return c.info }
+
+// Close releases the client's connections and process handle; the shim
+// keeps running.
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return c.proc.close()
+}
+
+// State returns the shim's live state. Once the shim has exited it is
+// rebuilt from the records (Running false, exit code from exit.json).
+func (c *Client) State(ctx context.Context) (State, error) {
+	var st State
+	err := c.call(ctx, http.MethodGet, "/state", &st)
+	if err == nil {
+		return st, nil
+	}
+	if !c.proc.exited() {
+		return State{}, err
+	}
+	e, rerr := ReadExit(c.stateDir)
+	if rerr != nil {
+		return State{}, fmt.Errorf("shim %d exited without recording an exit status: %w", c.info.PID, errdefs.ErrNotFound)
+	}
+	return State{ShimPID: c.info.PID, InitPID: c.info.InitPID, ExitCode: e.ExitCode, Signal: e.Signal,
+		StartedAt: c.info.StartedAt, ExitedAt: e.ExitedAt, Version: c.info.Version}, nil
+}
+
+// Kill asks the shim to kill the sandbox and waits (bounded by ctx) until
+// the shim process has exited. If the shim does not answer it is SIGKILLed,
+// which takes its sandbox's init (and so its pid namespace) with it.
+// Killing an exited shim succeeds.
+func (c *Client) Kill(ctx context.Context) error {
+	if c.proc.exited() {
+		return nil
+	}
+	if err := c.call(ctx, http.MethodPost, "/kill", nil); err != nil && !c.proc.exited() {
+		if kerr := c.proc.kill(); kerr != nil {
+			return fmt.Errorf("kill shim %d after %v: %w", c.info.PID, err, kerr)
+		}
+	}
+	return c.Wait(ctx)
+}
+
+// Wait blocks until the shim process has exited or ctx ends.
+func (c *Client) Wait(ctx context.Context) error { return c.proc.wait(ctx) }
+
+// Freeze pauses every process of the sandbox.
+func (c *Client) Freeze(ctx context.Context) error {
+	return c.call(ctx, http.MethodPost, "/freeze", nil)
+}
+
+// Thaw resumes a frozen sandbox.
+func (c *Client) Thaw(ctx context.Context) error {
+	return c.call(ctx, http.MethodPost, "/thaw", nil)
+}
+
+func (c *Client) call(ctx context.Context, method, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://shim"+path, bytes.NewReader(nil))
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("shim %d: %w: %w", c.info.PID, errdefs.ErrNotFound, err)
+		}
+		return fmt.Errorf("shim %d: %w: %w", c.info.PID, errdefs.ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb errorBody
+		_ = json.NewDecoder(resp.Body).Decode(&eb)
+		return fmt.Errorf("shim %d %s %s: %s: %w", c.info.PID, method, path, eb.Error, kindOf(resp.StatusCode))
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("shim %d %s: decode: %w", c.info.PID, path, err)
+	}
+	return nil
+}

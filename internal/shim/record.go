@@ -1,0 +1,117 @@
+// Package shim is the per-sandbox supervisor: a process detached from the
+// agent that starts and owns one sandbox's init, records itself in the
+// sandbox's state dir and serves a small HTTP API on a unix socket there,
+// plus the agent-side client that spawns, re-dials and stops it.
+package shim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Files in a sandbox state dir written by the shim.
+const (
+	InfoFile   = "shim.json" // Info, written once the sandbox is ready
+	ExitFile   = "exit.json" // ExitStatus, written when init has exited
+	SocketFile = "shim.sock" // the shim's HTTP API
+	LogFile    = "shim.log"  // the shim's own stderr (slog JSON)
+)
+
+// SchemaVersion is the version of the records below; readers refuse newer ones.
+const SchemaVersion = 1
+
+// Version is the shim's software version, reported in Info and State. Set it
+// at link time (-X github.com/cube-dev/cube/internal/shim.Version=...).
+var Version = "dev"
+
+// Info is the shim's address record (shim.json).
+type Info struct {
+	Schema    int       `json:"schema"`
+	PID       int       `json:"pid"`
+	InitPID   int       `json:"initPid"`
+	Version   string    `json:"version"`
+	Socket    string    `json:"socket"`
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// ExitStatus records how a sandbox's init ended (exit.json).
+type ExitStatus struct {
+	Schema   int       `json:"schema"`
+	ExitCode int       `json:"exitCode"` // -1 when killed by a signal
+	Signal   string    `json:"signal,omitempty"`
+	ExitedAt time.Time `json:"exitedAt"`
+}
+
+// ReadInfo reads shim.json from stateDir: ErrNotFound when there is none,
+// ErrFailedPrecondition when it was written by a newer schema.
+func ReadInfo(stateDir string) (Info, error) {
+	var i Info
+	err := readRecord(filepath.Join(stateDir, InfoFile), &i, func() int { return i.Schema })
+	return i, err
+}
+
+// ReadExit reads exit.json from stateDir (ErrNotFound when init has not exited).
+func ReadExit(stateDir string) (ExitStatus, error) {
+	var e ExitStatus
+	err := readRecord(filepath.Join(stateDir, ExitFile), &e, func() int { return e.Schema })
+	return e, err
+}
+
+func readRecord(path string, v any, schema func() int) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: %w", path, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse %s: %w: %w", path, errdefs.ErrInvalidArgument, err)
+	}
+	if s := schema(); s > SchemaVersion {
+		return fmt.Errorf("%s has schema %d, this shim understands up to %d; upgrade cube: %w", path, s, SchemaVersion, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
+// WriteFileAtomic writes data to path through a temporary file and a rename,
+// so readers see the old or the new content, never a part.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// WriteJSONAtomic marshals v and writes it with WriteFileAtomic (mode 0644).
+func WriteJSONAtomic(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(path, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,225 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// TestMain lets the test binary play `cube shim` with a fake workload.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == Command {
+		os.Exit(Main(os.Args[2:], fakeLaunch))
+	}
+	os.Exit(m.Run())
+}
+
+// procWorkload supervises a plain child process.
+type procWorkload struct {
+	cmd  *exec.Cmd
+	done chan ExitStatus
+}
+
+func (w *procWorkload) Pid() int { return w.cmd.Process.Pid }
+func (w *procWorkload) Wait() ExitStatus {
+	e := <-w.done
+	w.done <- e
+	return e
+}
+func (w *procWorkload) Kill(ctx context.Context) error {
+	if err := w.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case e := <-w.done:
+		w.done <- e
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (w *procWorkload) Freeze(context.Context) error { return w.cmd.Process.Signal(syscall.SIGSTOP) }
+func (w *procWorkload) Thaw(context.Context) error   { return w.cmd.Process.Signal(syscall.SIGCONT) }
+
+// fakeLaunch reads the workload's argv from stateDir/argv; "fail" fails.
+func fakeLaunch(ctx context.Context, stateDir string) (Workload, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, "argv"))
+	if err != nil {
+		return nil, err
+	}
+	argv := strings.Fields(string(b))
+	if argv[0] == "fail" {
+		return nil, fmt.Errorf("launch refused: %w", errdefs.ErrInvalidArgument)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	w := &procWorkload{cmd: cmd, done: make(chan ExitStatus, 1)}
+	go func() {
+		_ = cmd.Wait()
+		e := ExitStatus{ExitCode: cmd.ProcessState.ExitCode(), ExitedAt: time.Now()}
+		if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
+			e.Signal = ws.Signal().String()
+		}
+		w.done <- e
+	}()
+	return w, nil
+}
+
+func setup(t *testing.T, argv string) (exe, dir string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "argv"), []byte(argv), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return exe, dir
+}
+
+func TestSpawnKill(t *testing.T) {
+	exe, dir := setup(t, "/bin/busybox sleep 1000")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Spawn(ctx, exe, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Cleanup(func() { _ = c.Kill(context.Background()) })
+	if c.Info().PID == os.Getpid() || c.Info().InitPID == 0 {
+		t.Fatalf("info = %+v", c.Info())
+	}
+	c2, err := Dial(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	st, err := c2.State(ctx)
+	if err != nil || !st.Running || st.ShimPID != c.Info().PID || st.Version != Version {
+		t.Fatalf("State = %+v, %v", st, err)
+	}
+	if err := c2.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Thaw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(ctx); err != nil {
+		t.Fatalf("second Kill: %v", err)
+	}
+	e, err := ReadExit(dir)
+	if err != nil || e.Signal != "killed" || e.Schema != SchemaVersion {
+		t.Errorf("exit record = %+v, %v", e, err)
+	}
+	if st, err := c.State(ctx); err != nil || st.Running {
+		t.Errorf("State after exit = %+v, %v", st, err)
+	}
+	if err := c.Freeze(ctx); err == nil {
+		t.Error("Freeze of an exited shim succeeded")
+	}
+	if _, err := Dial(ctx, dir); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Dial after exit: %v, want ErrNotFound", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, SocketFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left: %v", err)
+	}
+}
+
+func TestWorkloadExitEndsShim(t *testing.T) {
+	exe, dir := setup(t, "/bin/busybox false")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Spawn(ctx, exe, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := ReadExit(dir); err != nil || e.ExitCode != 1 {
+		t.Errorf("exit record = %+v, %v", e, err)
+	}
+}
+
+func TestSpawnLaunchFailure(t *testing.T) {
+	exe, dir := setup(t, "fail")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := Spawn(ctx, exe, dir)
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "launch refused") {
+		t.Fatalf("err = %v, want the launcher's error and kind", err)
+	}
+	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("shim.json written on failure: %v", err)
+	}
+}
+
+func TestSpawnBadExe(t *testing.T) {
+	_, dir := setup(t, "x")
+	if _, err := Spawn(context.Background(), "/nonexistent/cube", dir); err == nil {
+		t.Fatal("Spawn of a missing binary succeeded")
+	}
+}
+
+func TestRecords(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("missing: %v", err)
+	}
+	in := Info{Schema: SchemaVersion, PID: 12, InitPID: 13, Version: "v1", Socket: "/s", StartedAt: time.Unix(5, 0).UTC()}
+	if err := WriteJSONAtomic(filepath.Join(dir, InfoFile), in); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ReadInfo(dir); err != nil || out != in {
+		t.Errorf("round trip: %+v, %v", out, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("temp files left: %v", ents)
+	}
+	os.WriteFile(filepath.Join(dir, InfoFile), []byte(`{"schema": 99}`), 0o644)
+	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("newer schema: %v, want ErrFailedPrecondition", err)
+	}
+	os.WriteFile(filepath.Join(dir, ExitFile), []byte(`{`), 0o644)
+	if _, err := ReadExit(dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("corrupt: %v, want ErrInvalidArgument", err)
+	}
+	for _, k := range []error{errdefs.ErrNotFound, errdefs.ErrUnavailable, errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument} {
+		if got := kindOf(errdefs.HTTPStatus(k)); got != k {
+			t.Errorf("kindOf(%v) = %v", k, got)
+		}
+	}
+}
+
+func FuzzReadInfo(f *testing.F) {
+	f.Add([]byte(`{"schema":1,"pid":3,"initPid":4,"version":"dev","socket":"/x","startedAt":"2026-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"schema":2}`))
+	f.Add([]byte(`[]`))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if err := os.WriteFile(filepath.Join(dir, InfoFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		i, err := ReadInfo(dir)
+		if err == nil && i.Schema > SchemaVersion {
+			t.Fatalf("accepted schema %d", i.Schema)
+		}
+	})
+}

@@ -1,0 +1,129 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// spawned is what a successfully started shim reported.
+type spawned struct {
+	PID     int
+	InitPID int
+}
+
+// Spawn starts `exe shim --state-dir stateDir` detached from the caller and
+// blocks (bounded by ctx) until the shim reports that its workload is ready
+// or failed, then returns a client for it. The shim's stderr goes to
+// stateDir/shim.log. On any failure,
+// including ctx ending, the shim is SIGKILLed and awaited before Spawn
+// returns, so no supervisor is left behind; the error carries the shim's
+// message and error kind.
+func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
+	logf, err := os.OpenFile(filepath.Join(stateDir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open shim log: %w", err)
+	}
+	defer logf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer pr.Close()
+	cmd := exec.Command(exe, Command, "--state-dir", stateDir)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = []*os.File{pw}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	pw.Close() // the shim holds the only write ends now: EOF means it died
+	if err != nil {
+		return nil, fmt.Errorf("start shim: %w", err)
+	}
+	// The first stage exits as soon as it has started the detached one.
+	stage1 := make(chan error, 1)
+	go func() { stage1 <- cmd.Wait() }()
+
+	stop := context.AfterFunc(ctx, func() { _ = pr.SetReadDeadline(time.Now()) })
+	defer stop()
+	if d, ok := ctx.Deadline(); ok {
+		_ = pr.SetReadDeadline(d)
+	}
+	dec := json.NewDecoder(pr)
+	var shim *pidFD
+	res, err := readReports(dec, func(pid int) error {
+		var oerr error
+		shim, oerr = openPidFD(pid)
+		return oerr
+	})
+	var c *Client
+	if err == nil {
+		var info Info
+		if info, err = ReadInfo(stateDir); err == nil && (info.PID != res.PID || info.InitPID != res.InitPID) {
+			err = fmt.Errorf("shim.json (pid %d) does not match the shim's report (pid %d): %w", info.PID, res.PID, errdefs.ErrConflict)
+		}
+		if err == nil {
+			c = newClient(stateDir, info, shim)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() != nil {
+			err = fmt.Errorf("shim did not report within the deadline: %w: %w", errdefs.ErrUnavailable, ctx.Err())
+		}
+		if shim != nil {
+			_ = shim.kill()
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			if werr := shim.wait(wctx); werr != nil {
+				err = errors.Join(err, werr)
+			}
+			cancel()
+			shim.close()
+		}
+	}
+	select {
+	case <-stage1:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-stage1
+	}
+	return c, err
+}
+
+// readReports reads the hello and done lines of the status pipe.
+func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) {
+	var r report
+	if err := dec.Decode(&r); err != nil {
+		return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
+	}
+	if r.Stage == "hello" {
+		if err := hello(r.PID); err != nil {
+			return spawned{}, fmt.Errorf("shim %d vanished: %w", r.PID, err)
+		}
+		r = report{}
+		if err := dec.Decode(&r); err != nil {
+			return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
+		}
+	}
+	if r.Stage != "done" {
+		return spawned{}, fmt.Errorf("shim reported stage %q, want done: %w", r.Stage, errdefs.ErrUnavailable)
+	}
+	if r.Error != "" {
+		return spawned{}, fmt.Errorf("%s: %w", r.Error, kindOf(r.Code))
+	}
+	return spawned{PID: r.PID, InitPID: r.InitPID}, nil
+}
+
+func eofIsUnexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}

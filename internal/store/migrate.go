@@ -1,0 +1,120 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// migrations are applied in order; migrations[i] brings the schema from
+// version i to i+1. Never edit a released entry: append a new one.
+// Timestamps are BIGINT unix nanoseconds (portable to PostgreSQL).
+var migrations = []string{
+	// 1: sandboxes, their metadata index, api keys.
+	`CREATE TABLE sandboxes (
+		id                    TEXT PRIMARY KEY,
+		template_id           TEXT NOT NULL,
+		alias                 TEXT NOT NULL DEFAULT '',
+		node_id               TEXT NOT NULL DEFAULT '',
+		metadata              TEXT NOT NULL DEFAULT '{}',
+		env_vars              TEXT NOT NULL DEFAULT '{}',
+		started_at            BIGINT NOT NULL,
+		end_at                BIGINT NOT NULL,
+		state                 TEXT NOT NULL CHECK (state IN ('running', 'paused')),
+		cpu_count             INTEGER NOT NULL,
+		memory_mb             INTEGER NOT NULL,
+		disk_size_mb          INTEGER NOT NULL,
+		envd_version          TEXT NOT NULL,
+		envd_access_token     TEXT NOT NULL,
+		allow_internet_access BOOLEAN,
+		network               TEXT,
+		lifecycle             TEXT NOT NULL DEFAULT '{}'
+	);
+	CREATE INDEX sandboxes_started ON sandboxes (started_at, id);
+	CREATE INDEX sandboxes_state_end ON sandboxes (state, end_at);
+	CREATE TABLE sandbox_metadata (
+		sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+		key        TEXT NOT NULL,
+		value      TEXT NOT NULL,
+		PRIMARY KEY (sandbox_id, key)
+	);
+	CREATE INDEX sandbox_metadata_kv ON sandbox_metadata (key, value);
+	CREATE TABLE api_keys (
+		id           TEXT PRIMARY KEY,
+		name         TEXT NOT NULL,
+		hash         TEXT NOT NULL UNIQUE,
+		created_at   BIGINT NOT NULL,
+		last_used_at BIGINT,
+		revoked_at   BIGINT
+	);`,
+}
+
+// LatestSchemaVersion is the schema version this binary writes.
+var LatestSchemaVersion = len(migrations)
+
+func schemaVersion(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) (int, error) {
+	var v int
+	err := q.QueryRowContext(ctx, `SELECT version FROM schema_version`).Scan(&v)
+	if err == sql.ErrNoRows {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
+
+// migrate brings db to LatestSchemaVersion, one transaction per step.
+func migrate(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("create schema_version: %w", err)
+	}
+	for {
+		done, err := migrateStep(ctx, db)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("begin migration: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	v, err := schemaVersion(ctx, tx)
+	if err != nil {
+		return false, err
+	}
+	if v > len(migrations) {
+		return false, fmt.Errorf("%w: database schema version %d is newer than this binary supports (%d); run a newer cube or restore a backup",
+			errdefs.ErrFailedPrecondition, v, len(migrations))
+	}
+	if v == len(migrations) {
+		return true, tx.Commit()
+	}
+	if _, err := tx.ExecContext(ctx, migrations[v]); err != nil {
+		return false, fmt.Errorf("apply migration %d: %w", v+1, err)
+	}
+	if v == 0 {
+		_, err = tx.ExecContext(ctx, `INSERT INTO schema_version (version) VALUES (?)`, v+1)
+	} else {
+		_, err = tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, v+1)
+	}
+	if err != nil {
+		return false, fmt.Errorf("record schema version %d: %w", v+1, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("commit migration %d: %w", v+1, err)
+	}
+	return false, nil
+}

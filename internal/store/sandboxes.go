@@ -1,0 +1,221 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+const sandboxColumns = `id, template_id, alias, node_id, metadata, env_vars, started_at, end_at, state,
+	cpu_count, memory_mb, disk_size_mb, envd_version, envd_access_token, allow_internet_access, network, lifecycle`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanSandbox(r rowScanner) (Sandbox, error) {
+	var (
+		sb                   Sandbox
+		meta, env, lifecycle string
+		started, end         int64
+		state                string
+		allow                sql.NullBool
+		network              sql.NullString
+	)
+	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.NodeID, &meta, &env, &started, &end, &state,
+		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &sb.EnvdVersion, &sb.EnvdAccessToken, &allow, &network, &lifecycle)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	sb.StartedAt, sb.EndAt, sb.State = fromNanos(started), fromNanos(end), State(state)
+	if allow.Valid {
+		sb.AllowInternetAccess = &allow.Bool
+	}
+	if network.Valid && network.String != "" {
+		sb.Network = json.RawMessage(network.String)
+	}
+	if err := json.Unmarshal([]byte(meta), &sb.Metadata); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: decode metadata: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(env), &sb.EnvVars); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: decode env vars: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(lifecycle), &sb.Lifecycle); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: decode lifecycle: %w", sb.ID, err)
+	}
+	return sb, nil
+}
+
+func jsonText(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}
+
+// CreateSandbox inserts a new record; ErrAlreadyExists if the id is taken.
+func (s *SQLite) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
+	if !sb.State.Valid() {
+		return fmt.Errorf("create sandbox %s: %w: state %q", sb.ID, errdefs.ErrInvalidArgument, sb.State)
+	}
+	meta, env, lifecycle := sb.Metadata, sb.EnvVars, sb.Lifecycle
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	if env == nil {
+		env = map[string]string{}
+	}
+	metaText, err := jsonText(meta)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	envText, err := jsonText(env)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	lcText, err := jsonText(lifecycle)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	var network sql.NullString
+	if len(sb.Network) > 0 {
+		network = sql.NullString{String: string(sb.Network), Valid: true}
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	var exists int
+	switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM sandboxes WHERE id = ?`, sb.ID).Scan(&exists); {
+	case err == nil:
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
+	case !errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.TemplateID, sb.Alias, sb.NodeID, metaText, envText, toNanos(sb.StartedAt), toNanos(sb.EndAt), string(sb.State),
+		sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, sb.EnvdVersion, sb.EnvdAccessToken, sb.AllowInternetAccess, network, lcText)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	for k, v := range meta {
+		if _, err = tx.ExecContext(ctx, `INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?, ?, ?)`, sb.ID, k, v); err != nil {
+			return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
+		}
+	}
+	if err = tx.Commit(); err != nil {
+		return fmt.Errorf("create sandbox %s: commit: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// GetSandbox returns one record; ErrNotFound if unknown.
+func (s *SQLite) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Sandbox{}, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// DeleteSandbox removes a record (and its metadata); ErrNotFound if unknown.
+func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+	return s.execOne(ctx, "delete sandbox "+id, `DELETE FROM sandboxes WHERE id = ?`, id)
+}
+
+// SetEndAt changes a sandbox's end time; ErrNotFound if unknown.
+func (s *SQLite) SetEndAt(ctx context.Context, id string, endAt time.Time) error {
+	return s.execOne(ctx, "set end of sandbox "+id, `UPDATE sandboxes SET end_at = ? WHERE id = ?`, toNanos(endAt), id)
+}
+
+// SetState changes a sandbox's state and end time; ErrNotFound if unknown.
+func (s *SQLite) SetState(ctx context.Context, id string, state State, endAt time.Time) error {
+	if !state.Valid() {
+		return fmt.Errorf("set state of sandbox %s: %w: state %q", id, errdefs.ErrInvalidArgument, state)
+	}
+	return s.execOne(ctx, "set state of sandbox "+id, `UPDATE sandboxes SET state = ?, end_at = ? WHERE id = ?`,
+		string(state), toNanos(endAt), id)
+}
+
+// SetNetwork replaces a sandbox's network configuration; ErrNotFound if unknown.
+func (s *SQLite) SetNetwork(ctx context.Context, id string, network json.RawMessage, allowInternet *bool) error {
+	var n sql.NullString
+	if len(network) > 0 {
+		n = sql.NullString{String: string(network), Valid: true}
+	}
+	return s.execOne(ctx, "set network of sandbox "+id,
+		`UPDATE sandboxes SET network = ?, allow_internet_access = ? WHERE id = ?`, n, allowInternet, id)
+}
+
+func (s *SQLite) execOne(ctx context.Context, what, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w", what, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// ExpiredSandboxes returns running sandboxes whose end time is at or before now.
+func (s *SQLite) ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error) {
+	return s.query(ctx, "list expired sandboxes",
+		`SELECT `+sandboxColumns+` FROM sandboxes WHERE state = ? AND end_at <= ? ORDER BY end_at`,
+		string(StateRunning), toNanos(now))
+}
+
+// NextEndAt returns the earliest end time of a running sandbox strictly after
+// `after`; ok is false when there is none.
+func (s *SQLite) NextEndAt(ctx context.Context, after time.Time) (t time.Time, ok bool, err error) {
+	var n sql.NullInt64
+	err = s.db.QueryRowContext(ctx, `SELECT MIN(end_at) FROM sandboxes WHERE state = ? AND end_at > ?`,
+		string(StateRunning), toNanos(after)).Scan(&n)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("next sandbox end: %w", err)
+	}
+	if !n.Valid {
+		return time.Time{}, false, nil
+	}
+	return fromNanos(n.Int64), true, nil
+}
+
+// AllSandboxes returns every record, oldest first.
+func (s *SQLite) AllSandboxes(ctx context.Context) ([]Sandbox, error) {
+	return s.query(ctx, "list sandboxes", `SELECT `+sandboxColumns+` FROM sandboxes ORDER BY started_at, id`)
+}
+
+func (s *SQLite) query(ctx context.Context, what, query string, args ...any) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		out = append(out, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,334 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+func openTest(t *testing.T) (*SQLite, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "server.db")
+	s, err := OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func testSandbox(id string, started time.Time, meta map[string]string) Sandbox {
+	return Sandbox{
+		ID: id, TemplateID: "base", Metadata: meta, EnvVars: map[string]string{"A": "1"},
+		StartedAt: started, EndAt: started.Add(time.Minute), State: StateRunning,
+		CPUCount: 1, MemoryMB: 512, DiskSizeMB: 1024, EnvdVersion: "0.2.0", EnvdAccessToken: "tok",
+	}
+}
+
+func TestOpenAppliesMigrationsAndIsIdempotent(t *testing.T) {
+	s, path := openTest(t)
+	v, err := s.SchemaVersion(context.Background())
+	if err != nil || v != LatestSchemaVersion {
+		t.Fatalf("version = %d, %v; want %d", v, err, LatestSchemaVersion)
+	}
+	s.Close()
+	s2, err := OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	s2.Close()
+}
+
+func TestOpenRefusesNewerSchema(t *testing.T) {
+	s, path := openTest(t)
+	if _, err := s.db.Exec(`UPDATE schema_version SET version = ?`, LatestSchemaVersion+1); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	_, err := OpenSQLite(context.Background(), path)
+	if err == nil {
+		t.Fatal("opened a database with a newer schema")
+	}
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "newer than this binary") {
+		t.Fatalf("unexpected error: %v", err)
+	}
+}
+
+func TestOpenUnwritablePath(t *testing.T) {
+	_, err := OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "missing-dir", "x.db"))
+	if err == nil {
+		t.Fatal("expected an error for a path in a missing directory")
+	}
+}
+
+func TestSandboxCRUD(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	sb := testSandbox("a1", now, map[string]string{"k": "v"})
+	allow := false
+	sb.AllowInternetAccess = &allow
+	sb.Network = []byte(`{"denyOut":["0.0.0.0/0"]}`)
+	sb.Lifecycle = Lifecycle{OnTimeout: "pause", AutoResume: true}
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, sb); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+	got, err := s.GetSandbox(ctx, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.StartedAt.Equal(now) || got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" ||
+		got.AllowInternetAccess == nil || *got.AllowInternetAccess || string(got.Network) != `{"denyOut":["0.0.0.0/0"]}` ||
+		got.Lifecycle.OnTimeout != "pause" || !got.Lifecycle.AutoResume || got.State != StateRunning {
+		t.Fatalf("round trip mismatch: %+v", got)
+	}
+	end := now.Add(time.Hour)
+	if err := s.SetState(ctx, "a1", StatePaused, end); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetState(ctx, "a1", "bogus", end); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("bogus state: %v", err)
+	}
+	if err := s.SetNetwork(ctx, "a1", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.GetSandbox(ctx, "a1")
+	if got.State != StatePaused || !got.EndAt.Equal(end) || got.Network != nil || got.AllowInternetAccess != nil {
+		t.Fatalf("after updates: %+v", got)
+	}
+	if err := s.DeleteSandbox(ctx, "a1"); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"get":     func() error { _, err := s.GetSandbox(ctx, "a1"); return err }(),
+		"delete":  s.DeleteSandbox(ctx, "a1"),
+		"setEnd":  s.SetEndAt(ctx, "a1", end),
+		"setNet":  s.SetNetwork(ctx, "a1", nil, nil),
+		"setStat": s.SetState(ctx, "a1", StateRunning, end),
+	} {
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%s after delete: %v, want ErrNotFound", name, err)
+		}
+	}
+	var n int
+	s.db.QueryRow(`SELECT COUNT(*) FROM sandbox_metadata`).Scan(&n)
+	if n != 0 {
+		t.Fatalf("metadata rows left after delete: %d", n)
+	}
+}
+
+func TestExpiryQueries(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	base := time.Unix(1_700_000_000, 0).UTC()
+	for i, off := range []time.Duration{-2 * time.Second, time.Second, 3 * time.Second} {
+		sb := testSandbox(fmt.Sprintf("s%d", i), base, nil)
+		sb.EndAt = base.Add(off)
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paused := testSandbox("p", base, nil)
+	paused.State, paused.EndAt = StatePaused, base.Add(-time.Hour)
+	s.CreateSandbox(ctx, paused)
+
+	exp, err := s.ExpiredSandboxes(ctx, base)
+	if err != nil || len(exp) != 1 || exp[0].ID != "s0" {
+		t.Fatalf("expired = %v, %v", exp, err)
+	}
+	next, ok, err := s.NextEndAt(ctx, base)
+	if err != nil || !ok || !next.Equal(base.Add(time.Second)) {
+		t.Fatalf("next = %v %v %v", next, ok, err)
+	}
+	if _, ok, _ := s.NextEndAt(ctx, base.Add(time.Hour)); ok {
+		t.Fatal("NextEndAt found something after the last end")
+	}
+	all, _ := s.AllSandboxes(ctx)
+	if len(all) != 4 {
+		t.Fatalf("all = %d", len(all))
+	}
+}
+
+func TestListFiltersAndPagination(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	base := time.Unix(1_700_000_000, 0).UTC()
+	// 7 sandboxes, two share a start time to exercise the id tie-break.
+	for i := 0; i < 7; i++ {
+		started := base.Add(time.Duration(i) * time.Second)
+		if i == 6 {
+			started = base.Add(5 * time.Second)
+		}
+		meta := map[string]string{"team": "a", "n": fmt.Sprint(i % 2)}
+		sb := testSandbox(fmt.Sprintf("id%d", i), started, meta)
+		if i == 3 {
+			sb.State = StatePaused
+			sb.TemplateID, sb.Alias = "tpl-x", "xalias"
+		}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(p Page) string {
+		var out []string
+		for _, sb := range p.Sandboxes {
+			out = append(out, sb.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	// Walk all pages in both orders.
+	for _, tc := range []struct {
+		order Order
+		want  string
+	}{
+		{"", "id6,id5,id4,id3,id2,id1,id0"},
+		{OrderAsc, "id0,id1,id2,id3,id4,id5,id6"},
+	} {
+		var got []string
+		tok := ""
+		pages := 0
+		for {
+			p, err := s.ListSandboxes(ctx, ListFilter{Order: tc.order, Limit: 3, NextToken: tok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages++
+			got = append(got, ids(p))
+			if p.NextToken == "" {
+				break
+			}
+			tok = p.NextToken
+		}
+		if strings.Join(got, ",") != tc.want || pages != 3 {
+			t.Errorf("order %q: got %v in %d pages, want %s", tc.order, got, pages, tc.want)
+		}
+	}
+	// Exactly one full page: no token.
+	if p, _ := s.ListSandboxes(ctx, ListFilter{Limit: 7}); p.NextToken != "" || len(p.Sandboxes) != 7 {
+		t.Errorf("exact page: %d items, token %q", len(p.Sandboxes), p.NextToken)
+	}
+	cases := []struct {
+		name string
+		f    ListFilter
+		want string
+	}{
+		{"metadata AND", ListFilter{Metadata: map[string]string{"team": "a", "n": "1"}, Order: OrderAsc}, "id1,id3,id5"},
+		{"metadata miss", ListFilter{Metadata: map[string]string{"team": "b"}}, ""},
+		{"state paused", ListFilter{States: []State{StatePaused}}, "id3"},
+		{"state both", ListFilter{States: []State{StatePaused, StateRunning}, Limit: 2}, "id6,id5"},
+		{"started after", ListFilter{StartedAfter: base.Add(4 * time.Second), Order: OrderAsc}, "id4,id5,id6"},
+		{"template id", ListFilter{Template: "tpl-x"}, "id3"},
+		{"template alias", ListFilter{Template: "xalias"}, "id3"},
+	}
+	for _, c := range cases {
+		p, err := s.ListSandboxes(ctx, c.f)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if ids(p) != c.want {
+			t.Errorf("%s: got %s want %s", c.name, ids(p), c.want)
+		}
+	}
+	for name, f := range map[string]ListFilter{
+		"bad token": {NextToken: "!!!"},
+		"foreign":   {NextToken: "djI6MTox"},
+		"bad state": {States: []State{"dead"}},
+		"bad order": {Order: "sideways"},
+		"neg limit": {Limit: -1},
+	} {
+		if _, err := s.ListSandboxes(ctx, f); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if p, _ := s.ListSandboxes(ctx, ListFilter{Limit: MaxLimit + 5}); len(p.Sandboxes) != 7 {
+		t.Errorf("huge limit: %d", len(p.Sandboxes))
+	}
+}
+
+func TestAPIKeys(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openTest(t)
+	key, err := s.CreateKey(ctx, "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^cube_[0-9a-f]{40}$`).MatchString(key) {
+		t.Fatalf("key format: %q", key)
+	}
+	id, err := s.VerifyKey(ctx, key)
+	if err != nil || id == "" {
+		t.Fatalf("verify: %q %v", id, err)
+	}
+	for _, bad := range []string{"", "cube_nope", key + "x"} {
+		if _, err := s.VerifyKey(ctx, bad); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("verify %q: %v", bad, err)
+		}
+	}
+	// Keys from a flag: idempotent, verify works.
+	id2, err := s.AddKeyHash(ctx, "flag", "my-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.AddKeyHash(ctx, "flag", "my-secret"); err != nil || again != id2 {
+		t.Fatalf("re-add: %q %v", again, err)
+	}
+	if _, err := s.AddKeyHash(ctx, "flag", "  "); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if got, err := s.VerifyKey(ctx, "my-secret"); err != nil || got != id2 {
+		t.Fatalf("verify flag key: %q %v", got, err)
+	}
+	// Plaintext is never stored.
+	var n int
+	s.db.QueryRow(`SELECT COUNT(*) FROM api_keys WHERE hash = ? OR hash = ?`, key, "my-secret").Scan(&n)
+	if n != 0 {
+		t.Fatal("plaintext stored")
+	}
+	keys, err := s.ListKeys(ctx)
+	if err != nil || len(keys) != 2 || keys[0].LastUsedAt == nil {
+		t.Fatalf("list: %+v %v", keys, err)
+	}
+	if err := s.RevokeKey(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RevokeKey(ctx, id); err != nil {
+		t.Fatalf("second revoke: %v", err)
+	}
+	if err := s.RevokeKey(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("revoke unknown: %v", err)
+	}
+	if _, err := s.VerifyKey(ctx, key); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Fatalf("revoked key verified: %v", err)
+	}
+	if _, err := s.AddKeyHash(ctx, "again", key); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("re-adding a revoked key: %v", err)
+	}
+	keys, _ = s.ListKeys(ctx)
+	if keys[0].RevokedAt == nil {
+		t.Fatal("revoked_at not listed")
+	}
+}
+
+func TestForeignKeysEnforced(t *testing.T) {
+	s, _ := openTest(t)
+	_, err := s.db.Exec(`INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES ('ghost', 'k', 'v')`)
+	if err == nil {
+		t.Fatal("foreign keys are not enforced")
+	}
+	var mode string
+	if err := s.db.QueryRow(`PRAGMA journal_mode`).Scan(&mode); err != nil || mode != "wal" {
+		t.Fatalf("journal_mode = %q %v", mode, err)
+	}
+	_ = sql.ErrNoRows
+}
