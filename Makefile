@@ -30,7 +30,7 @@ generate: ## Regenerate protobuf/Connect code (committed).
 
 .PHONY: check-generate
 check-generate: generate ## Fail when committed generated code is stale.
-	@git diff --exit-code -- api/gen || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@git add -N api/gen && git diff --exit-code -- api/gen || { echo "generated code is stale: run make generate and commit"; exit 1; }
 
 .PHONY: up
 up: deps build ## Start all-in-one Cube on this machine (server + cubelet, SQLite, template base).
@@ -51,6 +51,12 @@ e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`.
 .PHONY: test
 test: deps build vet check-generate unit e2e ## Everything CI runs.
 	@echo "make test: all suites passed"
+
+BENCH_FLAGS ?=
+.PHONY: bench
+bench: build ## Benchmark a fresh all-in-one Cube (~10 min, not part of test); writes bench-results.json. Extra flags: BENCH_FLAGS=...
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/benchfloor ./cmd/benchfloor
+	bash test/bench/run.sh $(BIN)/cube bench-results.json $(BENCH_FLAGS)
 
 .PHONY: fuzz
 fuzz: ## Longer fuzzing runs of every fuzz target.

@@ -34,4 +34,15 @@ gen_envd() {
 		"${files[@]}"
 }
 
+gen_node() {
+	local out="api/gen/node"
+	rm -rf "$out"
+	mkdir -p "$out"
+	"$PROTOC" -I api/node -I "$PROTO_INCLUDE" \
+		--go_out="$out" --go_opt=paths=source_relative \
+		--connect-go_out="$out" --connect-go_opt=paths=source_relative \
+		v1/node.proto
+}
+
 gen_envd
+gen_node

@@ -6,11 +6,13 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/ratelimit"
 )
 
 // ClientID is the deprecated, schema-required clientID of every sandbox.
@@ -23,18 +25,49 @@ type KeyVerifier interface {
 }
 
 type server struct {
-	m    *master.Master
-	keys KeyVerifier
-	log  *slog.Logger
+	m       *master.Master
+	keys    KeyVerifier
+	log     *slog.Logger
+	all     *ratelimit.Limiter // every authenticated request, per key
+	creates *ratelimit.Limiter // sandbox creations, per key
+}
+
+// RateLimits are the per-API-key limits; a zero Limit means unlimited.
+type RateLimits struct {
+	All     ratelimit.Limit // every authenticated request
+	Creates ratelimit.Limit // POST /sandboxes and /v2/sandboxes (counted in All too)
+}
+
+// DefaultRateLimits: 200 requests/s (burst 400) and 20 creates/s (burst
+// 100) per key.
+var DefaultRateLimits = RateLimits{
+	All:     ratelimit.Limit{Rate: 200, Burst: 400},
+	Creates: ratelimit.Limit{Rate: 20, Burst: 100},
+}
+
+// Option configures New.
+type Option func(*server)
+
+// WithRateLimits replaces DefaultRateLimits; l must be valid (see
+// ratelimit.Limit.Validate).
+func WithRateLimits(l RateLimits) Option {
+	return func(s *server) {
+		s.all, s.creates = ratelimit.New(l.All), ratelimit.New(l.Creates)
+	}
 }
 
 // New returns the cube-api handler. Every route except GET /health needs an
-// API key (X-API-Key or Authorization: Bearer).
-func New(m *master.Master, keys KeyVerifier, logger *slog.Logger) http.Handler {
+// API key (X-API-Key or Authorization: Bearer); requests past the key's rate
+// limits get 429 with a Retry-After header.
+func New(m *master.Master, keys KeyVerifier, logger *slog.Logger, opts ...Option) http.Handler {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	s := &server{m: m, keys: keys, log: logger.With("component", "cube-api")}
+	WithRateLimits(DefaultRateLimits)(s)
+	for _, o := range opts {
+		o(s)
+	}
 	mux := http.NewServeMux()
 	auth := s.authenticated
 	mux.HandleFunc("GET /health", s.health)
@@ -72,7 +105,8 @@ func (s *server) authenticated(h http.HandlerFunc) http.Handler {
 			writeErrorMessage(w, http.StatusUnauthorized, "missing API key: send it in the X-API-Key header")
 			return
 		}
-		if _, err := s.keys.VerifyKey(r.Context(), key); err != nil {
+		keyID, err := s.keys.VerifyKey(r.Context(), key)
+		if err != nil {
 			if status := errdefs.HTTPStatus(err); status != http.StatusUnauthorized {
 				s.writeError(w, r, err)
 				return
@@ -80,8 +114,28 @@ func (s *server) authenticated(h http.HandlerFunc) http.Handler {
 			writeErrorMessage(w, http.StatusUnauthorized, "invalid API key")
 			return
 		}
+		if !s.allow(w, keyID, r) {
+			return
+		}
 		h(w, r)
 	})
+}
+
+// allow applies the key's rate limits; past them it answers 429 with an
+// integer Retry-After (seconds), which the E2B SDK honours.
+func (s *server) allow(w http.ResponseWriter, keyID string, r *http.Request) bool {
+	ok, wait := s.all.Allow(keyID)
+	if ok && r.Method == http.MethodPost && (r.URL.Path == "/v2/sandboxes" || r.URL.Path == "/sandboxes") {
+		ok, wait = s.creates.Allow(keyID)
+	}
+	if ok {
+		return true
+	}
+	secs := ratelimit.RetryAfterSeconds(wait)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeErrorMessage(w, http.StatusTooManyRequests,
+		"rate limit exceeded for this API key; retry after "+strconv.Itoa(secs)+"s")
+	return false
 }
 
 func cutPrefixFold(s, prefix string) (string, bool) {

@@ -36,6 +36,7 @@ type AllInOneConfig struct {
 	KeepSandboxes bool
 	EnvdPath      string
 	Exe           string
+	CgroupParent  string // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
 	Network       cubevs.Config
 	Logger        *slog.Logger
 	Out           io.Writer // user-facing output (progress, exports)
@@ -64,12 +65,13 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 
 	cfg.Network.RunDir = cfg.RunDir
 	node, err := cubelet.New(ctx, cubelet.Config{
-		StateDir:    filepath.Join(cfg.DataDir, "node"),
-		Exe:         cfg.Exe,
-		EnvdPath:    cfg.EnvdPath,
-		EnvdVersion: envd.Version,
-		Network:     cfg.Network,
-		Logger:      log.With("role", "cubelet"),
+		StateDir:     filepath.Join(cfg.DataDir, "node"),
+		Exe:          cfg.Exe,
+		EnvdPath:     cfg.EnvdPath,
+		EnvdVersion:  envd.Version,
+		CgroupParent: cfg.CgroupParent,
+		Network:      cfg.Network,
+		Logger:       log.With("role", "cubelet"),
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)
@@ -93,6 +95,8 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		return fmt.Errorf("restore sandboxes: %w", err)
 	}
 	handler := proxy.New(m, api.New(m, st, log.With("role", "cube-api")), cfg.Domain)
+	// Sandbox addresses are routed in the host netns, which need not be ours.
+	handler.SetDialer(node.DialContext)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -146,7 +150,7 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 
 // ensureAPIKey makes sure a usable API key exists and returns the one to
 // print (empty when keys already existed and none was given).
-func ensureAPIKey(ctx context.Context, st *store.SQLite, given, dataDir string) (string, error) {
+func ensureAPIKey(ctx context.Context, st store.Store, given, dataDir string) (string, error) {
 	if given != "" {
 		if _, err := st.AddKeyHash(ctx, "cli", given); err != nil {
 			return "", fmt.Errorf("register api key: %w", err)

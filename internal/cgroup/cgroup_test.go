@@ -267,6 +267,7 @@ func TestFakeV2(t *testing.T) {
 		"cube/sb/memory.current": "1234\n", "cube/sb/memory.stat": "anon 1000\nfile 234\n",
 		"cube/sb/cpu.stat": "usage_usec 7\nuser_usec 5\n", "cube/sb/pids.current": "3\n",
 		"cube/sb/cgroup.freeze": "0\n", "cube/sb/cgroup.events": "populated 0\nfrozen 1\n",
+		"cube/sb/memory.events": "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n", "cube/sb/pids.events": "max 2\n",
 	}
 	for f, c := range files {
 		if err := os.WriteFile(filepath.Join(root, f), []byte(c), 0o644); err != nil {
@@ -300,7 +301,8 @@ func TestFakeV2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (Stats{CPUUsageNs: 7000, MemUsage: 1234, MemCache: 234, MemLimit: 1048576, Pids: 3}) {
+	if st != (Stats{CPUUsageNs: 7000, MemUsage: 1234, MemCache: 234, MemLimit: 1048576, Pids: 3,
+		MemLimitHits: 5, OOMKills: 1, PidsLimitHits: 2}) {
 		t.Errorf("Stats = %+v", st)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

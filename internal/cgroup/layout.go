@@ -27,7 +27,7 @@ const (
 func (v Version) String() string { return "v" + strconv.Itoa(int(v)) }
 
 // sandboxControllers are the v1 controllers a sandbox cgroup is created in.
-var sandboxControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
+var sandboxControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer", "devices"}
 
 // requiredControllers must be present for a host to be usable.
 var requiredControllers = []string{"memory", "pids", "cpu"}

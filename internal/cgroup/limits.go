@@ -3,6 +3,7 @@ package cgroup
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 )
@@ -18,12 +19,21 @@ type Resources struct {
 	MemoryMB int
 	// PidsMax limits the number of tasks.
 	PidsMax int
+	// Devices, when not nil, is the only devices the cgroup's processes may
+	// open (v1 devices controller; ignored on v2, see deviceWrites).
+	Devices []Device `json:",omitempty"`
 }
 
 // Validate rejects negative limits.
 func (r Resources) Validate() error {
 	if r.CPUCount < 0 || r.MemoryMB < 0 || r.PidsMax < 0 {
 		return fmt.Errorf("negative resource limit %+v: %w", r, errdefs.ErrInvalidArgument)
+	}
+	for _, d := range r.Devices {
+		if (d.Type != 'c' && d.Type != 'b') || d.Major < -1 || d.Minor < -1 ||
+			d.Access == "" || strings.Trim(d.Access, "rwm") != "" {
+			return fmt.Errorf("invalid device rule %q: %w", d.String(), errdefs.ErrInvalidArgument)
+		}
 	}
 	return nil
 }
@@ -56,7 +66,7 @@ func limitWrites(v Version, r Resources) []fileWrite {
 		}
 		return w
 	}
-	w := []fileWrite{}
+	w := deviceWrites(v, r.Devices)
 	if r.MemoryMB > 0 {
 		b := strconv.FormatInt(int64(r.MemoryMB)<<20, 10)
 		w = append(w,

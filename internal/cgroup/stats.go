@@ -22,6 +22,19 @@ type Stats struct {
 	MemCache   int64  // page cache part of MemUsage
 	MemLimit   int64  // bytes, -1 if unlimited
 	Pids       int64  // current number of tasks
+	// MemLimitHits counts how often usage hit the memory limit (v1
+	// memory.failcnt, v2 memory.events "max"); reclaim usually follows.
+	// Informational: the v1 counters of kernel 6.18 were seen to stay 0
+	// across an OOM kill; OOMKills is the reliable signal.
+	MemLimitHits int64
+	// OOMKills counts processes the kernel's OOM killer killed in this
+	// cgroup because of its limit (v1 memory.oom_control "oom_kill", kernel
+	// >= 4.13; v2 memory.events "oom_kill").
+	OOMKills int64
+	// UnderOOM reports that the cgroup is out of memory right now (v1 only).
+	UnderOOM bool
+	// PidsLimitHits counts forks refused by pids.max (pids.events "max").
+	PidsLimitHits int64
 }
 
 // unlimitedV1 is the smallest value v1 reports for "no memory limit"
@@ -65,7 +78,22 @@ func statsV1(dirs map[string]string) (Stats, error) {
 	if _, ok := kv["total_cache"]; !ok {
 		s.MemCache = kv["cache"]
 	}
+	if s.MemLimitHits, err = readInt(filepath.Join(mem, "memory.failcnt")); err != nil {
+		return s, err
+	}
+	// With swap accounting the memory+swap counter is the one that trips.
+	if n, err := readInt(filepath.Join(mem, "memory.memsw.failcnt")); err == nil {
+		s.MemLimitHits = max(s.MemLimitHits, n)
+	}
+	oom, err := readKeyValues(filepath.Join(mem, "memory.oom_control"))
+	if err != nil {
+		return s, err
+	}
+	s.OOMKills, s.UnderOOM = oom["oom_kill"], oom["under_oom"] == 1
 	if s.Pids, err = readInt(filepath.Join(dirs["pids"], "pids.current")); err != nil {
+		return s, err
+	}
+	if s.PidsLimitHits, err = pidsLimitHits(dirs["pids"]); err != nil {
 		return s, err
 	}
 	if d := dirs["cpuacct"]; d != "" {
@@ -92,7 +120,15 @@ func statsV2(dir string) (Stats, error) {
 		return s, err
 	}
 	s.MemCache = mem["file"]
+	events, err := readKeyValues(filepath.Join(dir, "memory.events"))
+	if err != nil {
+		return s, err
+	}
+	s.MemLimitHits, s.OOMKills = events["max"], events["oom_kill"]
 	if s.Pids, err = readInt(filepath.Join(dir, "pids.current")); err != nil {
+		return s, err
+	}
+	if s.PidsLimitHits, err = pidsLimitHits(dir); err != nil {
 		return s, err
 	}
 	cpu, err := readKeyValues(filepath.Join(dir, "cpu.stat"))
@@ -150,4 +186,14 @@ func parseKeyValues(b []byte) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// pidsLimitHits reads "max N" from pids.events; kernels before 4.x lack the
+// file, which reads as zero.
+func pidsLimitHits(dir string) (int64, error) {
+	kv, err := readKeyValues(filepath.Join(dir, "pids.events"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	return kv["max"], err
 }

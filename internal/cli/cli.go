@@ -24,9 +24,18 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"version":  {"print the version", runVersion},
+		"server":   {"run the control plane (api, master, proxy) for remote cubelets", runServer},
+		"cubelet":  {"run the node agent and register with a cube server", runCubelet},
 		"up":       {"start all-in-one Cube (server + cubelet) on this machine", runUp},
 		"down":     {"stop the all-in-one Cube running on a data dir", runDown},
 		"template": {"manage templates: create NAME --from-dir DIR | --from-tar FILE, ls, rm", runTemplate},
+		"node":     {"inspect and repair this machine's node: mapdump, doctor, gc", runNode},
+		"key":      {"manage API keys: create [--name N], ls, revoke ID", runKey},
+		"bench":    {"measure a running Cube: create latency (REST, SDK), memory, density, restart, floor", runBench},
+
+		"preflight": {"check that this host can run a Cube node (exit 1 on failure)", runPreflight},
+		"prep":      {"preflight, then prepare the node and write the prep fingerprint", runPrep},
+		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, stop-cubelet", runKube},
 	}
 }
 

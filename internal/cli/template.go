@@ -3,8 +3,10 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/cube-dev/cube/internal/template"
@@ -20,7 +22,7 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case "create":
 		fromDir := fs.String("from-dir", "", "register a root filesystem directory")
 		fromTar := fs.String("from-tar", "", "register a root filesystem tarball (.tar or .tar.gz)")
-		if err := fs.Parse(reorder(args[1:])); err != nil {
+		if err := fs.Parse(reorder(fs, args[1:])); err != nil {
 			return err
 		}
 		if fs.NArg() != 1 || (*fromDir == "") == (*fromTar == "") {
@@ -60,7 +62,7 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return tw.Flush()
 	case "rm":
-		if err := fs.Parse(reorder(args[1:])); err != nil {
+		if err := fs.Parse(reorder(fs, args[1:])); err != nil {
 			return err
 		}
 		if fs.NArg() != 1 {
@@ -73,14 +75,27 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 // reorder moves positional arguments after flags so `create NAME --from-dir X`
-// parses like `create --from-dir X NAME`.
-func reorder(args []string) []string {
+// parses like `create --from-dir X NAME`. Boolean flags take no value.
+func reorder(fs *flag.FlagSet, args []string) []string {
 	var flags, pos []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
 		if len(a) > 1 && a[0] == '-' {
 			flags = append(flags, a)
-			if !containsEq(a) && i+1 < len(args) && !isBoolFlag(a) {
+			name := strings.TrimLeft(a, "-")
+			if strings.Contains(name, "=") {
+				continue
+			}
+			if f := fs.Lookup(name); f != nil {
+				if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+					continue
+				}
+			}
+			if i+1 < len(args) {
 				flags = append(flags, args[i+1])
 				i++
 			}
@@ -90,14 +105,3 @@ func reorder(args []string) []string {
 	}
 	return append(flags, pos...)
 }
-
-func containsEq(s string) bool {
-	for _, r := range s {
-		if r == '=' {
-			return true
-		}
-	}
-	return false
-}
-
-func isBoolFlag(a string) bool { return a == "--json" || a == "-json" }

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cube-dev/cube/internal/app"
@@ -25,7 +27,10 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.KeepSandboxes, "keep-sandboxes", false, "leave sandboxes running when Cube stops")
 	fs.StringVar(&cfg.EnvdPath, "envd", envDefault("CUBE_ENVD", ""), "path of the envd binary (default: next to the cube binary)")
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
+	nf := addNetworkFlags(fs, &cfg.Network)
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
+	pprofAddr := fs.String("pprof", "", "serve Go profiling endpoints (/debug/pprof) on this address, e.g. 127.0.0.1:6060")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -37,6 +42,9 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{fmt.Sprintf("--node-cidr: %v", err)}
 	}
 	cfg.Network.NodeCIDR = p
+	if err := nf.apply(&cfg.Network); err != nil {
+		return err
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -46,6 +54,11 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 	}
 	cfg.Logger = newLogger(stderr, *logLevel)
+	if *pprofAddr != "" {
+		if err := servePprof(ctx, *pprofAddr, cfg.Logger); err != nil {
+			return err
+		}
+	}
 	return app.RunAllInOne(ctx, cfg)
 }
 
@@ -60,3 +73,38 @@ func runDown(_ context.Context, args []string, _, stderr io.Writer) error {
 }
 
 var _ = flag.ErrHelp
+
+// networkFlags are the dataplane names and ranges that must differ between
+// Cube instances sharing a host (simulated nodes, parallel tests).
+type networkFlags struct {
+	portRange, transit *string
+}
+
+// addNetworkFlags registers --host-veth, --table-prefix, --dp-name,
+// --port-range, --transit and --host-netns, defaulting to cfg.
+func addNetworkFlags(fs *flag.FlagSet, cfg *cubevs.Config) *networkFlags {
+	fs.StringVar(&cfg.HostVeth, "host-veth", envDefault("CUBE_HOST_VETH", cfg.HostVeth), "host side of the veth pair into the dataplane netns")
+	fs.StringVar(&cfg.TablePrefix, "table-prefix", envDefault("CUBE_TABLE_PREFIX", cfg.TablePrefix), "name of the nftables tables (host and dataplane netns)")
+	fs.StringVar(&cfg.DPName, "dp-name", envDefault("CUBE_DP_NAME", cfg.DPName), "dataplane netns name, pinned at <run-dir>/netns/<name>")
+	fs.StringVar(&cfg.HostNetNSPath, "host-netns", envDefault("CUBE_HOST_NETNS", ""), "host network namespace to attach the dataplane to, e.g. /proc/1/ns/net (default: Cube's own)")
+	return &networkFlags{
+		portRange: fs.String("port-range", envDefault("CUBE_PORT_RANGE", fmt.Sprintf("%d-%d", cfg.PortMin, cfg.PortMax)), "host ports mapped to sandboxes, MIN-MAX"),
+		transit:   fs.String("transit", envDefault("CUBE_TRANSIT", cfg.Transit.String()), "host<->dataplane transit subnet (/30 or larger)"),
+	}
+}
+
+func (f *networkFlags) apply(cfg *cubevs.Config) error {
+	lo, hi, ok := strings.Cut(*f.portRange, "-")
+	pmin, err1 := strconv.ParseUint(lo, 10, 16)
+	pmax, err2 := strconv.ParseUint(hi, 10, 16)
+	if !ok || err1 != nil || err2 != nil || pmin == 0 || pmax < pmin {
+		return usageError{fmt.Sprintf("--port-range %q: want MIN-MAX within 1-65535", *f.portRange)}
+	}
+	cfg.PortMin, cfg.PortMax = uint16(pmin), uint16(pmax)
+	p, err := netip.ParsePrefix(*f.transit)
+	if err != nil {
+		return usageError{fmt.Sprintf("--transit: %v", err)}
+	}
+	cfg.Transit = p
+	return nil
+}

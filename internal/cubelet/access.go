@@ -15,26 +15,36 @@ import (
 // SandboxAddr returns the address a local proxy dials to reach guest port
 // `port` of a sandbox, mapping a host port for it on first use.
 func (c *Cubelet) SandboxAddr(ctx context.Context, id string, port uint16) (string, error) {
-	if port == 0 {
-		return "", fmt.Errorf("port 0: %w", errdefs.ErrInvalidArgument)
-	}
-	rec, err := c.store.Get(id)
+	hp, err := c.HostPort(ctx, id, port)
 	if err != nil {
 		return "", err
 	}
+	return c.dp.DialAddr(hp), nil
+}
+
+// HostPort returns the host port mapped to guest port `port` of a sandbox,
+// mapping one on first use. The owner record is updated before the kernel.
+func (c *Cubelet) HostPort(ctx context.Context, id string, port uint16) (uint16, error) {
+	if port == 0 {
+		return 0, fmt.Errorf("port 0: %w", errdefs.ErrInvalidArgument)
+	}
+	rec, err := c.store.Get(id)
+	if err != nil {
+		return 0, err
+	}
 	if hp, ok := rec.Ports[port]; ok {
-		return c.dp.DialAddr(hp), nil
+		return hp, nil
 	}
 	unlock := c.lock(id)
 	defer unlock()
 	if rec, err = c.store.Get(id); err != nil {
-		return "", err
+		return 0, err
 	}
 	if rec.State != nodestore.StateRunning {
-		return "", fmt.Errorf("sandbox %s is %s: %w", id, rec.State, errdefs.ErrUnavailable)
+		return 0, fmt.Errorf("sandbox %s is %s: %w", id, rec.State, errdefs.ErrUnavailable)
 	}
 	if hp, ok := rec.Ports[port]; ok {
-		return c.dp.DialAddr(hp), nil
+		return hp, nil
 	}
 	c.mu.Lock()
 	_, takenPorts, err := c.taken(ctx)
@@ -43,20 +53,34 @@ func (c *Cubelet) SandboxAddr(ctx context.Context, id string, port uint16) (stri
 		hp, err = cubevs.NextFreePort(c.cfg.Network.PortMin, c.cfg.Network.PortMax, takenPorts, 0)
 	}
 	if err == nil {
-		// Record first, then program the kernel.
 		rec.Ports[port] = hp
 		err = c.putRecord(rec)
 	}
 	c.mu.Unlock()
 	if err != nil {
-		return "", fmt.Errorf("map port %d: %w", port, err)
+		return 0, fmt.Errorf("map port %d: %w", port, err)
 	}
 	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: id, HostPort: hp, SandboxIP: rec.IP, GuestPort: port}); err != nil {
 		delete(rec.Ports, port)
 		c.putRecord(rec)
-		return "", fmt.Errorf("map port %d: %w", port, err)
+		return 0, fmt.Errorf("map port %d: %w", port, err)
 	}
-	return c.dp.DialAddr(hp), nil
+	return hp, nil
+}
+
+// Sandboxes lists the sandboxes recorded as running on this node.
+func (c *Cubelet) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	recs, _, err := c.store.List()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Sandbox, 0, len(recs))
+	for _, r := range recs {
+		if r.State == nodestore.StateRunning {
+			out = append(out, toSandbox(r))
+		}
+	}
+	return out, nil
 }
 
 // SandboxMetrics reads the sandbox's cgroup counters. CPU usage is averaged
@@ -87,7 +111,7 @@ func (c *Cubelet) SandboxMetrics(ctx context.Context, id string) (Metrics, error
 	}
 	elapsed := time.Since(t1)
 	pct := float64(s2.CPUUsageNs-s1.CPUUsageNs) / float64(elapsed.Nanoseconds()) / float64(max(rec.CPUCount, 1)) * 100
-	used, total := diskUsage(c.sandboxDir(id), rec.DiskSizeMB)
+	used, total := c.diskUsage(ctx, rec)
 	return Metrics{
 		Timestamp: time.Now().UTC(), CPUCount: rec.CPUCount, CPUUsedPct: pct,
 		MemUsed: s2.MemUsage, MemTotal: int64(rec.MemoryMB) << 20, MemCache: s2.MemCache,

@@ -148,6 +148,7 @@ func (c *Cubelet) runtimeSpec(req CreateRequest, rec nodestore.Sandbox, rootfs, 
 			"/.cube/envd.json": {Data: envdCfg, Mode: 0o600},
 		},
 		Resources:    cgroup.Resources{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: 4096},
+		DiskSizeMB:   c.diskSizeMB(rec),
 		CgroupParent: c.cfg.CgroupParent,
 		ReadyTimeout: envdReadyTimeout,
 	}, nil
@@ -218,6 +219,14 @@ func toSandbox(r nodestore.Sandbox) Sandbox {
 		ID: r.ID, Template: r.Template, IP: r.IP, EnvdVersion: r.EnvdVersion,
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskSizeMB: r.DiskSizeMB, StartedAt: r.CreatedAt,
 	}
+}
+
+// diskSizeMB is the writable layer's size limit (0 = unlimited).
+func (c *Cubelet) diskSizeMB(rec nodestore.Sandbox) int {
+	if c.cfg.NoDiskLimit {
+		return 0
+	}
+	return rec.DiskSizeMB
 }
 
 func pick(v, def int) int {

@@ -36,6 +36,9 @@ type Config struct {
 	EnvdVersion string
 	// CgroupParent is the cgroup under which sandbox cgroups are made.
 	CgroupParent string
+	// NoDiskLimit leaves the writable layer unlimited instead of putting it
+	// on a per-sandbox filesystem of the template's disk size.
+	NoDiskLimit bool
 	// Network configures CubeVS.
 	Network cubevs.Config
 	// Logger receives the cubelet's logs.

@@ -1,14 +1,27 @@
 package cubelet
 
 import (
+	"context"
 	"io/fs"
 	"path/filepath"
+
+	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
 )
 
-// diskUsage sums the bytes in a sandbox's writable layer (the overlay upper
-// dir in its state dir) and reports the template's disk size as the total.
-func diskUsage(stateDir string, diskSizeMB int) (used, total int64) {
-	filepath.WalkDir(filepath.Join(stateDir, "upper"), func(_ string, d fs.DirEntry, err error) error {
+// diskUsage reports a sandbox's writable-layer usage and size: from the
+// sandbox's own filesystem when it has a size-limited disk, else by summing
+// the overlay upper dir against the template's disk size.
+func (c *Cubelet) diskUsage(ctx context.Context, rec nodestore.Sandbox) (used, total int64) {
+	if c.diskSizeMB(rec) > 0 {
+		if sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.ID)); err == nil {
+			defer sb.Close()
+			if used, total, err := nsrt.DiskUsage(sb.InitPID()); err == nil {
+				return used, total
+			}
+		}
+	}
+	filepath.WalkDir(filepath.Join(c.sandboxDir(rec.ID), "upper"), func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}
@@ -17,5 +30,5 @@ func diskUsage(stateDir string, diskSizeMB int) (used, total int64) {
 		}
 		return nil
 	})
-	return used, int64(diskSizeMB) << 20
+	return used, int64(rec.DiskSizeMB) << 20
 }

@@ -81,7 +81,9 @@ func newTestNode(t *testing.T) *node {
 	net.TablePrefix = "ct" + tag
 	net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.31.%d.0/24", octet))
 	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.0/30", octet))
-	net.PortMin = uint16(30000 + octet*50)
+	// Below the kernel's ephemeral port range (32768+): a DNATed range there
+	// would capture other tests' outgoing connections.
+	net.PortMin = uint16(30000 + (octet%50)*50)
 	net.PortMax = net.PortMin + 49
 	n := &node{
 		cfg: Config{

@@ -27,6 +27,9 @@ type Sandbox struct {
 	MemoryMB    int
 	DiskSizeMB  int
 	StartedAt   time.Time
+	// NodeID names the node the sandbox runs on; set by a multi-node
+	// scheduler (empty from a single in-process cubelet).
+	NodeID string
 }
 
 // Metrics are read from the sandbox's cgroup and writable layer.

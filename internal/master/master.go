@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/cubelet"
+	"github.com/cube-dev/cube/internal/leader"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -73,6 +74,12 @@ type Config struct {
 	Logger         *slog.Logger
 	// NodeID is recorded on each sandbox (single-node today).
 	NodeID string
+	// Elector decides whether this replica runs the TTL reaper. Several
+	// replicas sharing one PostgreSQL store set a leader.Postgres elector so
+	// only the leader reaps; nil means always (one replica, SQLite). With an
+	// elector the reaper also re-reads the store at least every
+	// sharedReapPoll, since other replicas change end times it is not told of.
+	Elector leader.Elector
 }
 
 // Master runs the sandbox lifecycle.

@@ -2,8 +2,10 @@ package master
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/cube-dev/cube/internal/leader"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -11,16 +13,43 @@ import (
 // kill/pause failed, or the store after an error.
 const reapRetry = 5 * time.Second
 
-// runReaper is the TTL loop: one timer armed on the earliest endAt of a
-// running sandbox, re-armed whenever rearm is called.
+// sharedReapPoll bounds the reaper's sleep when other replicas share the
+// store (Config.Elector set).
+const sharedReapPoll = time.Second
+
+// runReaper runs the TTL loop, with an elector only while this replica leads.
 func (m *Master) runReaper(ctx context.Context) {
 	defer close(m.done)
+	if m.cfg.Elector == nil {
+		m.reapLoop(ctx)
+		return
+	}
+	err := leader.Run(ctx, m.cfg.Elector, func(ctx context.Context) error {
+		m.log.Info("reaper leads")
+		m.reapLoop(ctx)
+		if cause := context.Cause(ctx); errors.Is(cause, leader.ErrLost) {
+			m.log.Warn("reaper stopped: leadership lost", "err", cause)
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Error("reaper: leader election failed; this replica will not reap", "err", err)
+	}
+}
+
+// reapLoop is the TTL loop: one timer armed on the earliest endAt of a
+// running sandbox, re-armed whenever rearm is called.
+func (m *Master) reapLoop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	backoff := map[string]time.Time{}
 	for {
-		if wake := m.reapOnce(ctx, backoff); !wake.IsZero() {
+		wake := m.reapOnce(ctx, backoff)
+		if poll := time.Now().Add(sharedReapPoll); m.cfg.Elector != nil && (wake.IsZero() || wake.After(poll)) {
+			wake = poll
+		}
+		if !wake.IsZero() {
 			timer.Reset(max(time.Until(wake), 0))
 		}
 		select {

@@ -16,7 +16,8 @@ import (
 // InitMain is the body of `cube sandbox-init --state-dir DIR`; args are the
 // arguments after the subcommand. It runs as pid 1 of the sandbox's new
 // namespaces, started by the shim: it waits until the shim has placed it in
-// the sandbox cgroup, builds the root filesystem, pivots into it and execs
+// the sandbox cgroup, builds the root filesystem, pivots into it, drops
+// privileges (capabilities, no_new_privs, seccomp; see harden.go) and execs
 // the spec's init with the ready pipe on fd 3. Errors go to stderr (the
 // init log) and end the process with status 1.
 func InitMain(args []string) int {
@@ -38,6 +39,20 @@ func initMain(args []string) error {
 	if os.Getpid() != 1 {
 		return errors.New("must run as pid 1 of a new pid namespace (it is started by the shim)")
 	}
+	spec, err := readSpec(*stateDir)
+	if err != nil {
+		return err
+	}
+	spec = spec.withDefaults()
+	layer, err := prepareLayer(spec)
+	if err != nil {
+		return err
+	}
+	layerPipe := os.NewFile(layerFD, "layer")
+	if _, err := layerPipe.Write([]byte{1}); err != nil {
+		return fmt.Errorf("tell the shim the layer is ready: %w", err)
+	}
+	layerPipe.Close()
 	// Wait for the shim: one byte means "you are in the sandbox cgroup", EOF
 	// means "give up".
 	syncPipe := os.NewFile(syncFD, "sync")
@@ -46,11 +61,6 @@ func initMain(args []string) error {
 		return errors.New("shim aborted the start")
 	}
 	syncPipe.Close()
-	spec, err := readSpec(*stateDir)
-	if err != nil {
-		return err
-	}
-	spec = spec.withDefaults()
 	// Only now, inside the sandbox cgroup, can a cgroup namespace root there.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox-init: no cgroup namespace: %v\n", err)
@@ -58,11 +68,14 @@ func initMain(args []string) error {
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
-	if err := setupRoot(spec); err != nil {
+	if err := setupRoot(spec, layer); err != nil {
 		return err
 	}
 	argv0, err := lookPath(spec.Args[0], spec.Env)
 	if err != nil {
+		return err
+	}
+	if err := dropPrivileges(); err != nil {
 		return err
 	}
 	if err := unix.Exec(argv0, spec.Args, spec.Env); err != nil {

@@ -27,6 +27,11 @@ const InitCommand = "sandbox-init"
 // into the sandbox cgroup.
 const syncFD = 4
 
+// layerFD is the fd on which sandbox-init writes a byte once its writable
+// layer is prepared (the disk mounted): that happens before it joins the
+// sandbox cgroup, whose device allowlist has no loop devices.
+const layerFD = 5
+
 // ShimMain is the body of `cube shim`; args are the arguments after the
 // subcommand.
 func ShimMain(args []string) int {
@@ -74,7 +79,16 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cg.Create(spec.Resources); err != nil {
+	if spec.DiskSizeMB > 0 {
+		if err := makeDisk(stateDir, spec.DiskSizeMB); err != nil {
+			return nil, err
+		}
+	}
+	res := spec.Resources
+	if res.Devices == nil {
+		res.Devices = cgroup.SandboxDevices
+	}
+	if err := cg.Create(res); err != nil {
 		return nil, fmt.Errorf("create sandbox cgroup: %w", err)
 	}
 	logf, err := os.OpenFile(filepath.Join(stateDir, InitLog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -94,14 +108,23 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 		return nil, err
 	}
 	defer readyR.Close()
+	layerR, layerW, err := os.Pipe()
+	if err != nil {
+		logf.Close()
+		syncR.Close()
+		readyW.Close()
+		return nil, err
+	}
+	defer layerR.Close()
 
 	w := &workload{cg: cg, done: make(chan struct{})}
 	started := make(chan error, 1)
-	go runInit(spec, stateDir, []*os.File{logf, readyW, syncR}, w, started)
+	go runInit(spec, stateDir, []*os.File{logf, readyW, syncR, layerW}, w, started)
 	err = <-started
 	logf.Close()
 	readyW.Close()
 	syncR.Close()
+	layerW.Close()
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +143,9 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 			}
 		}
 	}()
+	if err := waitByte(layerR, spec.ReadyTimeout); err != nil {
+		return nil, fmt.Errorf("sandbox-init did not prepare its writable layer: %w", err)
+	}
 	if err := cg.AddProc(w.pid); err != nil {
 		return nil, fmt.Errorf("put init into the sandbox cgroup: %w", err)
 	}
@@ -157,6 +183,21 @@ func waitReady(readyR *os.File, w *workload, timeout time.Duration) error {
 	}
 }
 
+// waitByte reads one byte from r within timeout.
+func waitByte(r *os.File, timeout time.Duration) error {
+	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	var b [1]byte
+	if n, err := r.Read(b[:]); n != 1 {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("no answer after %s: %w", timeout, errdefs.ErrUnavailable)
+		}
+		return fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
+	}
+	return nil
+}
+
 func sigSuffix(sig string) string {
 	if sig == "" {
 		return ""
@@ -168,7 +209,8 @@ func sigSuffix(sig string) string {
 // network namespace and stays locked for the init's lifetime: the thread
 // never returns to the Go scheduler with a foreign netns, and Pdeathsig
 // (tied to the forking thread) fires only when the shim itself dies.
-// files are the init's stdout/stderr, ready fd (3) and sync fd (4).
+// files are the init's stdout/stderr, ready fd (3), sync fd (4) and layer
+// fd (5).
 func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
 	defer w.once.Do(func() { close(w.done) })

@@ -10,25 +10,39 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// prepareLayer makes every mount private to the sandbox's mount namespace
+// and returns the directory that holds the writable layer: the sandbox's own
+// disk (mounted here) when it has a size limit, else the state dir. It runs
+// before sandbox-init joins the sandbox cgroup, whose device allowlist has
+// no loop devices.
+func prepareLayer(spec Spec) (string, error) {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return "", fmt.Errorf("make mounts private: %w", err)
+	}
+	if spec.DiskSizeMB > 0 {
+		return mountDisk(spec.StateDir)
+	}
+	return spec.StateDir, nil
+}
+
 // setupRoot builds the sandbox's root filesystem and pivots into it. Only
 // the overlay is mounted through host paths; everything else happens after
 // pivot_root, so symlinks in the template resolve inside the sandbox and
 // can never reach host files. Files and binds come before /proc and /sys so
 // that a template symlink into /proc cannot redirect them either.
-func setupRoot(spec Spec) error {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
+func setupRoot(spec Spec, layer string) error {
 	root := filepath.Join(spec.StateDir, rootfsDir)
-	upper := filepath.Join(spec.StateDir, upperDir)
-	work := filepath.Join(spec.StateDir, workDir)
+	upper := filepath.Join(layer, upperDir)
+	work := filepath.Join(layer, workDir)
 	for _, d := range []string{root, upper, work} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", spec.Rootfs, upper, work)
-	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+	// nodev: a device node in a template (or made by anyone) opens nothing;
+	// the sandbox's devices are the bind mounts on its /dev.
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount overlay (%s): %w", opts, err)
 	}
 	oldRoot, err := os.MkdirTemp(root, ".oldroot-")
@@ -52,6 +66,9 @@ func setupRoot(spec Spec) error {
 		}
 	}
 	if err := mountSystem(oldRoot); err != nil {
+		return err
+	}
+	if err := protectKernelFiles(); err != nil {
 		return err
 	}
 	if err := unix.Unmount(oldRoot, unix.MNT_DETACH); err != nil {
@@ -127,7 +144,8 @@ func mountSystem(oldRoot string) error {
 	mounts := []mnt{
 		{"proc", "/proc", "proc", common, ""},
 		{"sysfs", "/sys", "sysfs", common | unix.MS_RDONLY, ""},
-		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=65536k"},
+		// nodev too: its devices are bind mounts, which keep their own flags.
+		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_STRICTATIME, "mode=755,size=65536k"},
 		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
 		{"shm", "/dev/shm", "tmpfs", common, "mode=1777,size=65536k"},
 		{"mqueue", "/dev/mqueue", "mqueue", common, ""},

@@ -28,6 +28,9 @@ const (
 	workDir   = "work"      // overlay work dir
 )
 
+// minDiskSizeMB is the smallest writable layer an ext4 image can hold usefully.
+const minDiskSizeMB = 16
+
 // DefaultReadyTimeout bounds how long init may take to signal readiness.
 const DefaultReadyTimeout = 10 * time.Second
 
@@ -64,6 +67,11 @@ type Spec struct {
 	Resources    cgroup.Resources    `json:"resources"`
 	CgroupParent string              `json:"cgroupParent,omitempty"` // "" means cgroup.DefaultParent
 	ReadyTimeout time.Duration       `json:"readyTimeout,omitempty"` // 0 means DefaultReadyTimeout
+	// DiskSizeMB limits the writable layer: > 0 puts it on a filesystem of
+	// its own of that size (an ext4 image on a loop device, see disk.go), so
+	// filling it gives ENOSPC inside the sandbox; 0 leaves it unlimited on
+	// the state dir's filesystem.
+	DiskSizeMB int `json:"diskSizeMB,omitempty"`
 }
 
 // withDefaults fills the zero fields that have defaults.
@@ -124,6 +132,12 @@ func (s Spec) Validate() error {
 	}
 	if s.ReadyTimeout < 0 {
 		return bad("negative ready timeout")
+	}
+	if s.DiskSizeMB < 0 {
+		return bad("negative disk size %d MB", s.DiskSizeMB)
+	}
+	if s.DiskSizeMB > 0 && s.DiskSizeMB < minDiskSizeMB {
+		return bad("disk size %d MB is below the minimum of %d MB", s.DiskSizeMB, minDiskSizeMB)
 	}
 	return s.Resources.Validate()
 }

@@ -75,6 +75,13 @@ func New(resolver Resolver, next http.Handler, domain string) *Proxy {
 	return p
 }
 
+// SetDialer makes the proxy open upstream connections with dial instead of
+// a plain dialer, e.g. from the host network namespace when the proxy runs
+// in a Pod's (see cubevs.Dataplane.DialContext). Call it before serving.
+func (p *Proxy) SetDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
+	p.rp.Transport.(*http.Transport).DialContext = dial
+}
+
 // NewTransport is the upstream transport: pooled keep-alive connections, a
 // 5 s dial timeout and no overall deadline (streams are long-lived).
 func NewTransport() *http.Transport {

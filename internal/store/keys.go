@@ -36,7 +36,7 @@ func randomHex(n int) (string, error) {
 
 // CreateKey generates a new key ("cube_" + 40 hex chars), stores its hash
 // and returns the plaintext, which is not recoverable afterwards.
-func (s *SQLite) CreateKey(ctx context.Context, name string) (string, error) {
+func (s *sqlStore) CreateKey(ctx context.Context, name string) (string, error) {
 	secret, err := randomHex(20)
 	if err != nil {
 		return "", fmt.Errorf("create api key: %w", err)
@@ -51,7 +51,7 @@ func (s *SQLite) CreateKey(ctx context.Context, name string) (string, error) {
 // AddKeyHash stores the hash of a key given from outside (flag, env, file)
 // and returns its id. Adding the same key again returns the existing id; a
 // revoked key is not revived (ErrConflict).
-func (s *SQLite) AddKeyHash(ctx context.Context, name, plaintext string) (string, error) {
+func (s *sqlStore) AddKeyHash(ctx context.Context, name, plaintext string) (string, error) {
 	if strings.TrimSpace(plaintext) == "" {
 		return "", fmt.Errorf("add api key: %w: empty key", errdefs.ErrInvalidArgument)
 	}
@@ -60,8 +60,8 @@ func (s *SQLite) AddKeyHash(ctx context.Context, name, plaintext string) (string
 	if err != nil {
 		return "", fmt.Errorf("add api key: %w", err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO api_keys (id, name, hash, created_at) VALUES (?, ?, ?, ?)
-		ON CONFLICT (hash) DO NOTHING`, id, name, hash, toNanos(s.now()))
+	_, err = s.db.ExecContext(ctx, s.d.bind(`INSERT INTO api_keys (id, name, hash, created_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (hash) DO NOTHING`), id, name, hash, toNanos(s.now()))
 	if err != nil {
 		return "", fmt.Errorf("add api key: %w", err)
 	}
@@ -69,7 +69,7 @@ func (s *SQLite) AddKeyHash(ctx context.Context, name, plaintext string) (string
 		gotID   string
 		revoked sql.NullInt64
 	)
-	if err := s.db.QueryRowContext(ctx, `SELECT id, revoked_at FROM api_keys WHERE hash = ?`, hash).Scan(&gotID, &revoked); err != nil {
+	if err := s.db.QueryRowContext(ctx, s.d.bind(`SELECT id, revoked_at FROM api_keys WHERE hash = ?`), hash).Scan(&gotID, &revoked); err != nil {
 		return "", fmt.Errorf("add api key: %w", err)
 	}
 	if revoked.Valid {
@@ -79,14 +79,14 @@ func (s *SQLite) AddKeyHash(ctx context.Context, name, plaintext string) (string
 }
 
 // RevokeKey marks a key revoked; ErrNotFound if unknown. Revoking twice is a no-op.
-func (s *SQLite) RevokeKey(ctx context.Context, id string) error {
+func (s *sqlStore) RevokeKey(ctx context.Context, id string) error {
 	return s.execOne(ctx, "revoke api key "+id,
 		`UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?`, toNanos(s.now()), id)
 }
 
 // ListKeys returns all keys, revoked ones included, oldest first.
-func (s *SQLite) ListKeys(ctx context.Context) ([]APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`)
+func (s *sqlStore) ListKeys(ctx context.Context) ([]APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, s.d.bind(`SELECT id, name, created_at, last_used_at, revoked_at FROM api_keys ORDER BY created_at, id`))
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
@@ -113,12 +113,12 @@ func (s *SQLite) ListKeys(ctx context.Context) ([]APIKey, error) {
 // VerifyKey returns the id of the active key whose hash matches plaintext,
 // comparing against every active key in constant time; ErrUnauthenticated
 // when none does.
-func (s *SQLite) VerifyKey(ctx context.Context, plaintext string) (string, error) {
+func (s *sqlStore) VerifyKey(ctx context.Context, plaintext string) (string, error) {
 	if plaintext == "" {
 		return "", fmt.Errorf("verify api key: %w: no key given", errdefs.ErrUnauthenticated)
 	}
 	want := sha256.Sum256([]byte(plaintext))
-	rows, err := s.db.QueryContext(ctx, `SELECT id, hash FROM api_keys WHERE revoked_at IS NULL`)
+	rows, err := s.db.QueryContext(ctx, s.d.bind(`SELECT id, hash FROM api_keys WHERE revoked_at IS NULL`))
 	if err != nil {
 		return "", fmt.Errorf("verify api key: %w: %w", errdefs.ErrUnavailable, err)
 	}
@@ -146,7 +146,7 @@ func (s *SQLite) VerifyKey(ctx context.Context, plaintext string) (string, error
 	}
 	now := s.now()
 	// Bookkeeping only: the key is valid even if this write fails.
-	_, _ = s.db.ExecContext(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)`,
+	_, _ = s.db.ExecContext(ctx, s.d.bind(`UPDATE api_keys SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)`),
 		toNanos(now), found, toNanos(now.Add(-lastUsedResolution)))
 	return found, nil
 }

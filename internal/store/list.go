@@ -45,7 +45,7 @@ func decodeCursor(tok string) (cursor, error) {
 
 // ListSandboxes returns one page of sandboxes matching f, ordered by
 // (started_at, id) in f.Order (default descending).
-func (s *SQLite) ListSandboxes(ctx context.Context, f ListFilter) (Page, error) {
+func (s *sqlStore) ListSandboxes(ctx context.Context, f ListFilter) (Page, error) {
 	limit := f.Limit
 	switch {
 	case limit < 0:

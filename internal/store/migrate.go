@@ -9,8 +9,11 @@ import (
 )
 
 // migrations are applied in order; migrations[i] brings the schema from
-// version i to i+1. Never edit a released entry: append a new one.
-// Timestamps are BIGINT unix nanoseconds (portable to PostgreSQL).
+// version i to i+1. Never edit a released entry: append a new one. The same
+// text runs on SQLite and PostgreSQL, so it sticks to the types and syntax
+// both accept (TEXT, INTEGER, BIGINT, BOOLEAN, CHECK, ON DELETE CASCADE).
+// Timestamps are BIGINT unix nanoseconds. Should a future step need
+// engine-specific SQL, branch on the dialect here, in this one place.
 var migrations = []string{
 	// 1: sandboxes, their metadata index, api keys.
 	`CREATE TABLE sandboxes (
@@ -49,6 +52,12 @@ var migrations = []string{
 		last_used_at BIGINT,
 		revoked_at   BIGINT
 	);`,
+	// 2: cluster nodes (registration + operator state, as a JSON document).
+	`CREATE TABLE nodes (
+		id         TEXT PRIMARY KEY,
+		data       TEXT NOT NULL,
+		updated_at BIGINT NOT NULL
+	);`,
 }
 
 // LatestSchemaVersion is the schema version this binary writes.
@@ -68,20 +77,19 @@ func schemaVersion(ctx context.Context, q interface {
 	return v, nil
 }
 
-// migrate brings db to LatestSchemaVersion, one transaction per step.
-func migrate(ctx context.Context, db *sql.DB) error {
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
-		return fmt.Errorf("create schema_version: %w", err)
-	}
+// migrate brings db to LatestSchemaVersion, one transaction per step. Each
+// step first takes d.migrationLock, so replicas that start at once apply a
+// step exactly once; the loser of the race finds the new version and moves on.
+func migrate(ctx context.Context, db *sql.DB, d dialect) error {
 	for {
-		done, err := migrateStep(ctx, db)
+		done, err := migrateStep(ctx, db, d)
 		if err != nil || done {
 			return err
 		}
 	}
 }
 
-func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
+func migrateStep(ctx context.Context, db *sql.DB, d dialect) (done bool, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, fmt.Errorf("begin migration: %w", err)
@@ -91,6 +99,14 @@ func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
 			tx.Rollback()
 		}
 	}()
+	if d.migrationLock != "" {
+		if _, err := tx.ExecContext(ctx, d.migrationLock); err != nil {
+			return false, fmt.Errorf("lock migrations: %w", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)`); err != nil {
+		return false, fmt.Errorf("create schema_version: %w", err)
+	}
 	v, err := schemaVersion(ctx, tx)
 	if err != nil {
 		return false, err
@@ -106,9 +122,9 @@ func migrateStep(ctx context.Context, db *sql.DB) (done bool, err error) {
 		return false, fmt.Errorf("apply migration %d: %w", v+1, err)
 	}
 	if v == 0 {
-		_, err = tx.ExecContext(ctx, `INSERT INTO schema_version (version) VALUES (?)`, v+1)
+		_, err = tx.ExecContext(ctx, d.bind(`INSERT INTO schema_version (version) VALUES (?)`), v+1)
 	} else {
-		_, err = tx.ExecContext(ctx, `UPDATE schema_version SET version = ?`, v+1)
+		_, err = tx.ExecContext(ctx, d.bind(`UPDATE schema_version SET version = ?`), v+1)
 	}
 	if err != nil {
 		return false, fmt.Errorf("record schema version %d: %w", v+1, err)

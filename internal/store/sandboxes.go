@@ -55,7 +55,7 @@ func jsonText(v any) (string, error) {
 }
 
 // CreateSandbox inserts a new record; ErrAlreadyExists if the id is taken.
-func (s *SQLite) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
+func (s *sqlStore) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
 	if !sb.State.Valid() {
 		return fmt.Errorf("create sandbox %s: %w: state %q", sb.ID, errdefs.ErrInvalidArgument, sb.State)
 	}
@@ -91,22 +91,24 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
 			tx.Rollback()
 		}
 	}()
-	var exists int
-	switch err := tx.QueryRowContext(ctx, `SELECT 1 FROM sandboxes WHERE id = ?`, sb.ID).Scan(&exists); {
-	case err == nil:
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
-	case !errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
-	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	// ON CONFLICT DO NOTHING instead of SELECT-then-INSERT: with two server
+	// replicas on PostgreSQL the loser of a race sees zero rows, not an error.
+	res, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`),
 		sb.ID, sb.TemplateID, sb.Alias, sb.NodeID, metaText, envText, toNanos(sb.StartedAt), toNanos(sb.EndAt), string(sb.State),
 		sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, sb.EnvdVersion, sb.EnvdAccessToken, sb.AllowInternetAccess, network, lcText)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, errdefs.ErrAlreadyExists)
+	}
 	for k, v := range meta {
-		if _, err = tx.ExecContext(ctx, `INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?, ?, ?)`, sb.ID, k, v); err != nil {
+		if _, err = tx.ExecContext(ctx, s.d.bind(`INSERT INTO sandbox_metadata (sandbox_id, key, value) VALUES (?, ?, ?)`), sb.ID, k, v); err != nil {
 			return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
 		}
 	}
@@ -117,8 +119,8 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
 }
 
 // GetSandbox returns one record; ErrNotFound if unknown.
-func (s *SQLite) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+func (s *sqlStore) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, s.d.bind(`SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`), id)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -130,17 +132,17 @@ func (s *SQLite) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 }
 
 // DeleteSandbox removes a record (and its metadata); ErrNotFound if unknown.
-func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+func (s *sqlStore) DeleteSandbox(ctx context.Context, id string) error {
 	return s.execOne(ctx, "delete sandbox "+id, `DELETE FROM sandboxes WHERE id = ?`, id)
 }
 
 // SetEndAt changes a sandbox's end time; ErrNotFound if unknown.
-func (s *SQLite) SetEndAt(ctx context.Context, id string, endAt time.Time) error {
+func (s *sqlStore) SetEndAt(ctx context.Context, id string, endAt time.Time) error {
 	return s.execOne(ctx, "set end of sandbox "+id, `UPDATE sandboxes SET end_at = ? WHERE id = ?`, toNanos(endAt), id)
 }
 
 // SetState changes a sandbox's state and end time; ErrNotFound if unknown.
-func (s *SQLite) SetState(ctx context.Context, id string, state State, endAt time.Time) error {
+func (s *sqlStore) SetState(ctx context.Context, id string, state State, endAt time.Time) error {
 	if !state.Valid() {
 		return fmt.Errorf("set state of sandbox %s: %w: state %q", id, errdefs.ErrInvalidArgument, state)
 	}
@@ -149,7 +151,7 @@ func (s *SQLite) SetState(ctx context.Context, id string, state State, endAt tim
 }
 
 // SetNetwork replaces a sandbox's network configuration; ErrNotFound if unknown.
-func (s *SQLite) SetNetwork(ctx context.Context, id string, network json.RawMessage, allowInternet *bool) error {
+func (s *sqlStore) SetNetwork(ctx context.Context, id string, network json.RawMessage, allowInternet *bool) error {
 	var n sql.NullString
 	if len(network) > 0 {
 		n = sql.NullString{String: string(network), Valid: true}
@@ -158,8 +160,8 @@ func (s *SQLite) SetNetwork(ctx context.Context, id string, network json.RawMess
 		`UPDATE sandboxes SET network = ?, allow_internet_access = ? WHERE id = ?`, n, allowInternet, id)
 }
 
-func (s *SQLite) execOne(ctx context.Context, what, query string, args ...any) error {
-	res, err := s.db.ExecContext(ctx, query, args...)
+func (s *sqlStore) execOne(ctx context.Context, what, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, s.d.bind(query), args...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -174,7 +176,7 @@ func (s *SQLite) execOne(ctx context.Context, what, query string, args ...any) e
 }
 
 // ExpiredSandboxes returns running sandboxes whose end time is at or before now.
-func (s *SQLite) ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error) {
+func (s *sqlStore) ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error) {
 	return s.query(ctx, "list expired sandboxes",
 		`SELECT `+sandboxColumns+` FROM sandboxes WHERE state = ? AND end_at <= ? ORDER BY end_at`,
 		string(StateRunning), toNanos(now))
@@ -182,9 +184,9 @@ func (s *SQLite) ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox
 
 // NextEndAt returns the earliest end time of a running sandbox strictly after
 // `after`; ok is false when there is none.
-func (s *SQLite) NextEndAt(ctx context.Context, after time.Time) (t time.Time, ok bool, err error) {
+func (s *sqlStore) NextEndAt(ctx context.Context, after time.Time) (t time.Time, ok bool, err error) {
 	var n sql.NullInt64
-	err = s.db.QueryRowContext(ctx, `SELECT MIN(end_at) FROM sandboxes WHERE state = ? AND end_at > ?`,
+	err = s.db.QueryRowContext(ctx, s.d.bind(`SELECT MIN(end_at) FROM sandboxes WHERE state = ? AND end_at > ?`),
 		string(StateRunning), toNanos(after)).Scan(&n)
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("next sandbox end: %w", err)
@@ -196,12 +198,12 @@ func (s *SQLite) NextEndAt(ctx context.Context, after time.Time) (t time.Time, o
 }
 
 // AllSandboxes returns every record, oldest first.
-func (s *SQLite) AllSandboxes(ctx context.Context) ([]Sandbox, error) {
+func (s *sqlStore) AllSandboxes(ctx context.Context) ([]Sandbox, error) {
 	return s.query(ctx, "list sandboxes", `SELECT `+sandboxColumns+` FROM sandboxes ORDER BY started_at, id`)
 }
 
-func (s *SQLite) query(ctx context.Context, what, query string, args ...any) ([]Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
+func (s *sqlStore) query(ctx context.Context, what, query string, args ...any) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, s.d.bind(query), args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

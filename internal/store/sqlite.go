@@ -12,10 +12,9 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 )
 
-// SQLite is the embedded control-plane store.
+// SQLite is the embedded control-plane store (one server replica).
 type SQLite struct {
-	db  *sql.DB
-	now func() time.Time
+	sqlStore
 }
 
 // OpenSQLite opens (creating if needed) the database at path, enables WAL,
@@ -39,29 +38,9 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w: %w", path, errdefs.ErrUnavailable, err)
 	}
-	if err := migrate(ctx, db); err != nil {
+	if err := migrate(ctx, db, sqliteDialect); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	return &SQLite{db: db, now: time.Now}, nil
-}
-
-// Close releases the database.
-func (s *SQLite) Close() error { return s.db.Close() }
-
-// SchemaVersion returns the schema version recorded in the database.
-func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
-	return schemaVersion(ctx, s.db)
-}
-
-func toNanos(t time.Time) int64 { return t.UnixNano() }
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n).UTC() }
-
-func nullNanos(n sql.NullInt64) *time.Time {
-	if !n.Valid {
-		return nil
-	}
-	t := fromNanos(n.Int64)
-	return &t
+	return &SQLite{sqlStore{db: db, d: sqliteDialect, now: time.Now}}, nil
 }

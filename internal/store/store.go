@@ -1,7 +1,8 @@
 // Package store is the control plane's durable state: sandboxes and API keys.
-// The embedded implementation is SQLite (modernc.org/sqlite, pure Go); the SQL
-// is kept portable so a PostgreSQL implementation can sit behind the same
-// methods later.
+// Two implementations share one schema, one set of migrations and one set of
+// queries: SQLite (modernc.org/sqlite, pure Go; the embedded default for one
+// server) and PostgreSQL (pgx; several server replicas). Open picks one from a
+// database address. Dialect differences live in dialect.go only.
 package store
 
 import (

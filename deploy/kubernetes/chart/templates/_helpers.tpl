@@ -1,0 +1,82 @@
+{{/* Chart label value: name-version. */}}
+{{- define "cube.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Selector labels of a component. Pod templates carry only these (plus nothing
+that changes with the chart or app version), so a chart bump alone never
+recreates a Pod. Call with (dict "ctx" $ "component" "node").
+*/}}
+{{- define "cube.selectorLabels" -}}
+app.kubernetes.io/name: cube
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Standard labels of every resource's metadata. */}}
+{{- define "cube.labels" -}}
+{{ include "cube.selectorLabels" . }}
+app.kubernetes.io/part-of: cube
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "cube.chart" .ctx }}
+{{- end -}}
+
+{{/* image reference: call with (dict "ctx" $ "image" .Values.images.cubelet). */}}
+{{- define "cube.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* URL cubelets and the bootstrap reach the server at. */}}
+{{- define "cube.serverURL" -}}
+{{- if .Values.controlPlane.enabled -}}
+{{- printf "http://cube-server.%s.svc:%d" .Release.Namespace (int .Values.controlPlane.port) -}}
+{{- else -}}
+{{- required "controlPlane.enabled=false needs externalControlPlane.serverEndpoint (the URL of the cube server in the management cluster)" .Values.externalControlPlane.serverEndpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Name of the Secret holding the API key (key "api-key"). */}}
+{{- define "cube.apiKeySecret" -}}
+{{- if .Values.controlPlane.enabled -}}
+{{- default "cube-api-key" .Values.controlPlane.apiKey.existingSecret -}}
+{{- else -}}
+{{- .Values.externalControlPlane.apiKeySecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Placement of the compute pool plus the bootstrap extras. */}}
+{{- define "cube.bootstrapPlacement" -}}
+{{- $sel := merge (deepCopy .Values.placement.bootstrap.nodeSelector) .Values.placement.compute.nodeSelector -}}
+{{- with $sel }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+tolerations:
+  - key: node.kubernetes.io/network-unavailable
+    operator: Exists
+    effect: NoSchedule
+  - key: node.kubernetes.io/not-ready
+    operator: Exists
+    effect: NoExecute
+{{- with concat .Values.placement.compute.tolerations .Values.placement.bootstrap.tolerations }}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Fails rendering on value combinations that cannot work. */}}
+{{- define "cube.validate" -}}
+{{- if and (not .Values.controlPlane.enabled) (not .Values.cubeNode.hostNetwork) -}}
+{{- fail "controlPlane.enabled=false (two-cluster mode) needs cubeNode.hostNetwork=true: the server in the other cluster reaches cubelets at node IPs" -}}
+{{- end -}}
+{{- if and .Values.controlPlane.enabled (eq .Values.database.mode "external") (not .Values.database.external.existingSecret) -}}
+{{- fail "database.mode=external needs database.external.existingSecret (a Secret with the postgres:// URL)" -}}
+{{- end -}}
+{{- if not (has .Values.database.mode (list "bundled" "external")) -}}
+{{- fail (printf "database.mode %q: want bundled or external" .Values.database.mode) -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.ingress.domain) -}}
+{{- fail "ingress.enabled needs ingress.domain" -}}
+{{- end -}}
+{{- end -}}

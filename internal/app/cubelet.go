@@ -1,0 +1,227 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
+	"github.com/cube-dev/cube/api/gen/node/v1/nodev1connect"
+	"github.com/cube-dev/cube/internal/cubelet"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/envd"
+	"github.com/cube-dev/cube/internal/nodeapi"
+	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/version"
+)
+
+// CubeletConfig configures `cube cubelet`, the node agent in cluster mode.
+type CubeletConfig struct {
+	ServerURL    string // where RegistryService is served
+	APIKey       string // authenticates registration
+	NodeID       string
+	Listen       string // CubeletService listener
+	AdvertiseIP  string // address the server reaches this node on (RPC and host ports)
+	DataDir      string
+	RunDir       string
+	CgroupParent string
+	EnvdPath     string
+	Exe          string
+	BuildBase    bool // build the `base` template if missing
+	Capacity     *nodev1.Capacity
+	Network      cubevs.Config
+	Logger       *slog.Logger
+}
+
+// RunCubelet runs the node agent: it reconciles the node, serves
+// CubeletService, registers with the server and heartbeats until ctx ends.
+// Stopping it never stops sandboxes.
+func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
+	log := cfg.Logger
+	templates := template.NewRegistry(cfg.DataDir)
+	if cfg.BuildBase {
+		if _, err := templates.EnsureBase(ctx, nil); err != nil {
+			return fmt.Errorf("default template base: %w", err)
+		}
+	}
+	cfg.Network.RunDir = cfg.RunDir
+	node, err := cubelet.New(ctx, cubelet.Config{
+		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
+		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log,
+	}, templates)
+	if err != nil {
+		return fmt.Errorf("start cubelet: %w", err)
+	}
+	defer node.Close()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if cfg.AdvertiseIP == "" {
+		if cfg.AdvertiseIP, err = advertiseIP(ln.Addr()); err != nil {
+			return err
+		}
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	token := randomToken()
+	info := func(ctx context.Context) (*nodev1.NodeInfo, error) {
+		return nodeInfo(ctx, cfg, templates, "http://"+net.JoinHostPort(cfg.AdvertiseIP, port), token)
+	}
+	mux := http.NewServeMux()
+	path, h := nodeapi.NewCubeletHandler(node, info, token)
+	mux.Handle(path, h)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	srv := newHTTPServer(mux, log)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("cubelet serving", "listen", ln.Addr().String(), "node", cfg.NodeID, "advertise", cfg.AdvertiseIP)
+
+	go heartbeatLoop(ctx, cfg, node, info)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	log.Info("cubelet stopped; sandboxes keep running")
+	return nil
+}
+
+func nodeInfo(ctx context.Context, cfg CubeletConfig, templates *template.Registry, rpcURL, token string) (*nodev1.NodeInfo, error) {
+	ts, err := templates.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &nodev1.NodeInfo{
+		NodeId: cfg.NodeID, Version: version.Version, RpcUrl: rpcURL, DataIp: cfg.AdvertiseIP,
+		Capacity: cfg.Capacity, Templates: templatesToProto(ts), Token: token,
+	}, nil
+}
+
+func templatesToProto(ts []template.Template) []*nodev1.Template {
+	out := make([]*nodev1.Template, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, &nodev1.Template{Name: t.Name, Digest: t.Digest, CpuCount: int32(t.CPUCount),
+			MemoryMb: int32(t.MemoryMB), DiskSizeMb: int32(t.DiskSizeMB)})
+	}
+	return out
+}
+
+// heartbeatLoop registers with the server (retrying with backoff) and then
+// heartbeats; it kills sandboxes the server no longer knows and registers
+// again when the server asks.
+func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet, info func(context.Context) (*nodev1.NodeInfo, error)) {
+	log := cfg.Logger
+	client := nodev1connect.NewRegistryServiceClient(&http.Client{Timeout: 10 * time.Second}, cfg.ServerURL,
+		connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey)))
+	interval, registered, backoff := 2*time.Second, false, 500*time.Millisecond
+	for {
+		if !registered {
+			ni, err := info(ctx)
+			if err == nil {
+				var res *connect.Response[nodev1.RegisterResponse]
+				res, err = client.Register(ctx, connect.NewRequest(&nodev1.RegisterRequest{Node: ni}))
+				if err == nil {
+					registered, backoff = true, 500*time.Millisecond
+					if ms := res.Msg.HeartbeatIntervalMs; ms > 0 {
+						interval = time.Duration(ms) * time.Millisecond
+					}
+					log.Info("registered with server", "server", cfg.ServerURL, "serverVersion", res.Msg.ServerVersion)
+				}
+			}
+			if err != nil {
+				log.Warn("register with server", "server", cfg.ServerURL, "err", nodeapi.FromConnect(err))
+				if !sleepCtx(ctx, backoff) {
+					return
+				}
+				backoff = min(backoff*2, 15*time.Second)
+				continue
+			}
+		}
+		if !sleepCtx(ctx, interval) {
+			return
+		}
+		sbs, err := node.Sandboxes(ctx)
+		if err != nil {
+			log.Warn("list sandboxes for heartbeat", "err", err)
+			continue
+		}
+		ids := make([]string, len(sbs))
+		for i, sb := range sbs {
+			ids[i] = sb.ID
+		}
+		res, err := client.Heartbeat(ctx, connect.NewRequest(&nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids}))
+		if err != nil {
+			log.Warn("heartbeat", "err", nodeapi.FromConnect(err))
+			continue
+		}
+		if res.Msg.Reregister {
+			registered = false
+			continue
+		}
+		for _, id := range res.Msg.KillSandboxIds {
+			log.Info("server no longer knows sandbox: removing it", "sandbox", id)
+			if err := node.KillSandbox(ctx, id); err != nil {
+				log.Warn("remove unknown sandbox", "sandbox", id, "err", err)
+			}
+		}
+	}
+}
+
+func apiKeyInterceptor(key string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("X-API-Key", key)
+			return next(ctx, req)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func randomToken() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// advertiseIP picks the address to advertise: the listen address when it is
+// specific, else the first non-loopback IPv4 address of the host.
+func advertiseIP(addr net.Addr) (string, error) {
+	if ta, ok := addr.(*net.TCPAddr); ok && !ta.IP.IsUnspecified() {
+		return ta.IP.String(), nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String(), nil
+		}
+	}
+	return "", errors.New("no address to advertise: pass --advertise-ip")
+}

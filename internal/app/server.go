@@ -1,0 +1,142 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cube-dev/cube/internal/api"
+	"github.com/cube-dev/cube/internal/cluster"
+	"github.com/cube-dev/cube/internal/leader"
+	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/proxy"
+	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/version"
+)
+
+// ServerConfig configures `cube server` (cluster mode: api, master, proxy).
+type ServerConfig struct {
+	Listen  string
+	DataDir string
+	DB      string // store address: a SQLite path or postgres:// URL; default <data-dir>/server.db
+	APIKey  string
+	Domain  string
+	// Roles to serve: any of api, master, proxy (all by default).
+	Roles     []string
+	DownAfter time.Duration
+	Logger    *slog.Logger
+	Out       io.Writer
+}
+
+// nodeStore is what the server's store must offer for cluster mode.
+type nodeStore interface {
+	store.Store
+	cluster.DocumentStore
+}
+
+// RunServer runs the control plane against remote cubelets until ctx ends.
+func RunServer(ctx context.Context, cfg ServerConfig) error {
+	log := cfg.Logger
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	if cfg.DB == "" {
+		cfg.DB = filepath.Join(cfg.DataDir, "server.db")
+	}
+	opened, err := store.Open(ctx, cfg.DB)
+	if err != nil {
+		return err
+	}
+	defer opened.Close()
+	st, ok := opened.(nodeStore)
+	if !ok {
+		return fmt.Errorf("store %T cannot hold node records", opened)
+	}
+	key, err := ensureAPIKey(ctx, st, cfg.APIKey, cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	reg := cluster.NewRegistry(cluster.Config{
+		ServerVersion: version.Version, DownAfter: cfg.DownAfter, Logger: log,
+	}, cluster.DocumentNodes{Docs: st}, st)
+	if err := reg.Load(ctx); err != nil {
+		return err
+	}
+	// Background loops (TTL reaper, node health, drains) run on one replica:
+	// the PostgreSQL lock holder, or this process alone on SQLite.
+	// Each loop takes its own lock (an advisory lock is per connection).
+	var elector, clusterElector leader.Elector = leader.Always{}, leader.Always{}
+	if strings.HasPrefix(cfg.DB, "postgres://") || strings.HasPrefix(cfg.DB, "postgresql://") {
+		pe, err := leader.NewPostgres(cfg.DB, leader.PostgresConfig{Name: "cube-reaper"})
+		if err != nil {
+			return err
+		}
+		ce, err := leader.NewPostgres(cfg.DB, leader.PostgresConfig{Name: "cube-cluster"})
+		if err != nil {
+			return err
+		}
+		elector, clusterElector = pe, ce
+	}
+	m := master.New(st, reg, master.Config{Domain: cfg.Domain, Logger: log.With("role", "cubemaster"), Elector: elector})
+	reg.SetLifecycle(m)
+	if err := m.Restore(ctx); err != nil {
+		return fmt.Errorf("restore sandboxes: %w", err)
+	}
+	go leader.Run(ctx, clusterElector, func(ctx context.Context) error { return reg.Run(ctx) })
+
+	mux := http.NewServeMux()
+	if hasRole(cfg.Roles, "master") {
+		path, h := cluster.NewRegistryHandler(reg, st)
+		mux.Handle(path, h)
+		admin := cluster.NewAdminHandler(reg, st)
+		mux.Handle("/nodes", admin)
+		mux.Handle("/nodes/", admin)
+	}
+	if hasRole(cfg.Roles, "api") {
+		mux.Handle("/", api.New(m, st, log.With("role", "cube-api")))
+	}
+	var handler http.Handler = mux
+	if hasRole(cfg.Roles, "proxy") {
+		handler = proxy.New(m, mux, cfg.Domain)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := newHTTPServer(handler, log)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	printWelcome(cfg.Out, ln.Addr().String(), key, cfg.DataDir)
+	log.Info("cube server is serving", "listen", ln.Addr().String(), "roles", strings.Join(cfg.Roles, ","), "version", version.Version)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	return m.Shutdown(sctx, false)
+}
+
+func hasRole(roles []string, r string) bool {
+	if len(roles) == 0 {
+		return true
+	}
+	for _, x := range roles {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cube-dev/cube/internal/bench"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", stderr)
+	exeDir := "."
+	if exe, err := os.Executable(); err == nil {
+		exeDir = filepath.Dir(exe)
+	}
+	cfg := bench.Config{}
+	fs.StringVar(&cfg.Server, "server", envDefault("E2B_API_URL", "http://127.0.0.1:3000"), "Cube API URL (env E2B_API_URL)")
+	fs.StringVar(&cfg.APIKey, "api-key", envDefault("E2B_API_KEY", os.Getenv("CUBE_API_KEY")), "API key (env E2B_API_KEY)")
+	jsonPath := fs.String("json", "", "also write the results as JSON to this file")
+	fs.StringVar(&cfg.Template, "template", "base", "template to create sandboxes from")
+	fs.IntVar(&cfg.NSerial, "n-serial", 200, "REST creates one at a time")
+	fs.IntVar(&cfg.NConcurrent, "n-concurrent", 500, "REST creates in bursts of --concurrency")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 50, "burst size of the concurrent runs (REST, SDK, floor)")
+	fs.IntVar(&cfg.SDKSerial, "sdk-n-serial", 50, "SDK create+first command runs one at a time")
+	fs.IntVar(&cfg.SDKConcurrent, "sdk-n-concurrent", 100, "SDK create+first command runs in bursts of --concurrency")
+	fs.IntVar(&cfg.MemorySandboxes, "memory-n", 20, "idle sandboxes measured for memory overhead")
+	fs.IntVar(&cfg.DensityCap, "density-cap", 500, "density: create idle sandboxes until the first failure or this many")
+	fs.IntVar(&cfg.DensityConcurrency, "density-concurrency", 4, "creates in flight during the density run")
+	fs.IntVar(&cfg.RestartSandboxes, "restart-n", 500, "sandboxes alive across the restart of cube up (needs --data-dir and cube up --keep-sandboxes)")
+	fs.StringVar(&cfg.RestartLog, "restart-log", "", "output of the restarted cube up (default <data-dir>/../cube-restarted.log)")
+	fs.StringVar(&cfg.Node.DataDir, "data-dir", "", "data dir of the cube up being measured (node-local: memory accounting, restart)")
+	fs.StringVar(&cfg.Node.CgroupParent, "cgroup-parent", "cube", "cgroup parent of the sandboxes")
+	fs.StringVar(&cfg.FloorBin, "floor-bin", filepath.Join(exeDir, "benchfloor"), "static floor responder (built from ./cmd/benchfloor)")
+	fs.IntVar(&cfg.FloorN, "floor-n", 200, "floor runs, serial and in bursts")
+	fs.StringVar(&cfg.SDKDir, "sdk-dir", defaultSDKDir(exeDir), "directory holding sdk.mjs and its package.json (test/bench)")
+	only := fs.String("only", "", "comma-separated phases to run: "+strings.Join(bench.Phases, ","))
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
+	}
+	if cfg.APIKey == "" {
+		return usageError{"--api-key (or E2B_API_KEY) is required"}
+	}
+	if cfg.Concurrency < 1 || cfg.DensityConcurrency < 1 {
+		return usageError{"--concurrency and --density-concurrency must be at least 1"}
+	}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	if cfg.RestartLog == "" && cfg.Node.DataDir != "" {
+		cfg.RestartLog = filepath.Join(filepath.Dir(filepath.Clean(cfg.Node.DataDir)), "cube-restarted.log")
+	}
+	cfg.Logger = newLogger(stderr, *logLevel)
+	res, err := bench.Run(ctx, cfg)
+	if werr := bench.WriteTable(stdout, res); werr != nil && err == nil {
+		err = werr
+	}
+	if *jsonPath != "" {
+		b, jerr := json.MarshalIndent(res, "", "  ")
+		if jerr == nil {
+			jerr = os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
+		}
+		if jerr != nil && err == nil {
+			err = fmt.Errorf("write %s: %w", *jsonPath, jerr)
+		}
+	}
+	return err
+}
+
+// defaultSDKDir is test/bench in the working directory's repository, or
+// next to the binary's (bin/../test/bench).
+func defaultSDKDir(exeDir string) string {
+	for _, d := range []string{"test/bench", filepath.Join(exeDir, "..", "test", "bench")} {
+		if _, err := os.Stat(filepath.Join(d, "sdk.mjs")); err == nil {
+			return d
+		}
+	}
+	return "test/bench"
+}

@@ -1,0 +1,298 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeapi"
+	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/version"
+)
+
+// Config configures a Registry.
+type Config struct {
+	// ServerVersion is compared with each cubelet's (version.CheckSkew).
+	ServerVersion string
+	// HeartbeatInterval is what nodes are told to use (default 2 s).
+	HeartbeatInterval time.Duration
+	// DownAfter is how long without a heartbeat before the node is probed;
+	// a failed probe then marks it Down (default 10 s).
+	DownAfter time.Duration
+	// ProbeTimeout bounds one probe (default 2 s).
+	ProbeTimeout time.Duration
+	// Recent protects a sandbox from heartbeat reconciliation for this long
+	// after its create started (default 2 min), so a create racing with a
+	// heartbeat is never mistaken for a leftover.
+	Recent     time.Duration
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.DownAfter <= 0 {
+		c.DownAfter = 10 * time.Second
+	}
+	if c.ProbeTimeout <= 0 {
+		c.ProbeTimeout = 2 * time.Second
+	}
+	if c.Recent <= 0 {
+		c.Recent = 2 * time.Minute
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// SandboxIndex is the server store's view of sandboxes and their nodes.
+type SandboxIndex interface {
+	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
+	AllSandboxes(ctx context.Context) ([]store.Sandbox, error)
+}
+
+// Lifecycle lets the registry end sandboxes through the master, so the
+// store and the proxy stay consistent.
+type Lifecycle interface {
+	Kill(ctx context.Context, id string) error
+	Forget(ctx context.Context, id string) error
+}
+
+// node is the registry's live state for one node.
+type node struct {
+	rec       NodeRecord
+	client    *nodeapi.Client
+	lastBeat  time.Time
+	down      bool
+	reason    string
+	usedCPU   int
+	usedMemMB int64
+	count     int
+	inflight  int
+	phase     string // drain phase
+}
+
+func (n *node) state() State {
+	switch {
+	case n.down:
+		return StateDown
+	case n.rec.Drain != nil:
+		return StateDraining
+	case n.rec.Isolated:
+		return StateIsolated
+	default:
+		return StateReady
+	}
+}
+
+// Registry is the server's node registry.
+type Registry struct {
+	cfg   Config
+	store NodeStore
+	index SandboxIndex
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	nodes  map[string]*node
+	recent map[string]time.Time // sandbox id -> create start
+	life   Lifecycle
+}
+
+// NewRegistry returns a registry backed by st; call Load before serving.
+func NewRegistry(cfg Config, st NodeStore, index SandboxIndex) *Registry {
+	cfg.defaults()
+	return &Registry{cfg: cfg, store: st, index: index, log: cfg.Logger.With("component", "cluster"),
+		nodes: map[string]*node{}, recent: map[string]time.Time{}}
+}
+
+// SetLifecycle wires the master in (it is built after the registry).
+func (r *Registry) SetLifecycle(l Lifecycle) {
+	r.mu.Lock()
+	r.life = l
+	r.mu.Unlock()
+}
+
+// Load reads registered nodes and recomputes capacity accounting from the
+// sandbox records. Nodes count as alive from now until they miss heartbeats.
+func (r *Registry) Load(ctx context.Context) error {
+	recs, err := r.store.ListNodes(ctx)
+	if err != nil {
+		return fmt.Errorf("load nodes: %w", err)
+	}
+	r.mu.Lock()
+	now := time.Now()
+	for _, rec := range recs {
+		r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: now}
+	}
+	r.mu.Unlock()
+	return r.recount(ctx)
+}
+
+func (r *Registry) newClient(rec NodeRecord) *nodeapi.Client {
+	return nodeapi.NewClient(r.cfg.HTTPClient, rec.RPCURL, rec.Token)
+}
+
+// recount recomputes every node's used capacity from the sandbox records.
+func (r *Registry) recount(ctx context.Context) error {
+	all, err := r.index.AllSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, n := range r.nodes {
+		n.usedCPU, n.usedMemMB, n.count = 0, 0, 0
+	}
+	for _, sb := range all {
+		if n, ok := r.nodes[sb.NodeID]; ok {
+			n.usedCPU += sb.CPUCount
+			n.usedMemMB += int64(sb.MemoryMB)
+			n.count++
+		}
+	}
+	return nil
+}
+
+// Register admits a node (or refreshes its registration) after checking the
+// version-skew policy. Operator state (isolated, drain) survives
+// re-registration.
+func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
+	if rec.ID == "" || rec.RPCURL == "" || rec.DataIP == "" || rec.Token == "" {
+		return fmt.Errorf("registration needs node id, rpc url, data ip and token: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := version.CheckSkew(r.cfg.ServerVersion, rec.Version); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if old, ok := r.nodes[rec.ID]; ok {
+		rec.Isolated, rec.Drain = old.rec.Isolated, old.rec.Drain
+		rec.RegisteredAt = old.rec.RegisteredAt
+	}
+	if rec.RegisteredAt.IsZero() {
+		rec.RegisteredAt = time.Now().UTC()
+	}
+	r.mu.Unlock()
+	if err := r.store.PutNode(ctx, rec); err != nil {
+		return fmt.Errorf("persist node %s: %w", rec.ID, err)
+	}
+	r.mu.Lock()
+	n, ok := r.nodes[rec.ID]
+	if !ok {
+		n = &node{}
+		r.nodes[rec.ID] = n
+	}
+	n.rec, n.client, n.lastBeat, n.down, n.reason = rec, r.newClient(rec), time.Now(), false, ""
+	r.mu.Unlock()
+	r.log.Info("node registered", "node", rec.ID, "version", rec.Version, "rpc", rec.RPCURL, "dataIP", rec.DataIP)
+	return r.recount(ctx)
+}
+
+// Heartbeat records that a node is alive and reconciles its sandboxes with
+// the server's records: sandboxes the server no longer knows are returned
+// for the node to kill; recorded sandboxes the node no longer runs are lost
+// and forgotten. reregister tells an unknown node to register again.
+func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, templates []TemplateRef) (kill []string, reregister bool, err error) {
+	r.mu.Lock()
+	n, ok := r.nodes[id]
+	if !ok {
+		r.mu.Unlock()
+		return nil, true, nil
+	}
+	if n.down {
+		r.log.Info("node is back", "node", id)
+	}
+	n.lastBeat, n.down, n.reason = time.Now(), false, ""
+	if templates != nil {
+		n.rec.Templates = templates
+	}
+	life := r.life
+	r.mu.Unlock()
+
+	all, err := r.index.AllSandboxes(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	onNode := map[string]bool{}
+	for _, sid := range running {
+		onNode[sid] = true
+	}
+	known := map[string]bool{}
+	for _, sb := range all {
+		if sb.NodeID != id {
+			continue
+		}
+		known[sb.ID] = true
+		if !onNode[sb.ID] && !r.isRecent(sb.ID) && life != nil {
+			r.log.Warn("sandbox lost: its node no longer runs it", "node", id, "sandbox", sb.ID)
+			if err := life.Forget(ctx, sb.ID); err != nil {
+				r.log.Warn("forget lost sandbox", "sandbox", sb.ID, "err", err)
+			}
+		}
+	}
+	for _, sid := range running {
+		if !known[sid] && !r.isRecent(sid) {
+			kill = append(kill, sid)
+		}
+	}
+	sort.Strings(kill)
+	return kill, false, r.recount(ctx)
+}
+
+func (r *Registry) isRecent(sandboxID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, ok := r.recent[sandboxID]
+	if ok && time.Since(t) > r.cfg.Recent {
+		delete(r.recent, sandboxID)
+		return false
+	}
+	return ok
+}
+
+// Nodes returns every node's status, sorted by id.
+func (r *Registry) Nodes() []NodeStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]NodeStatus, 0, len(r.nodes))
+	for _, n := range r.nodes {
+		out = append(out, r.statusLocked(n))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Node returns one node's status.
+func (r *Registry) Node(id string) (NodeStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[id]
+	if !ok {
+		return NodeStatus{}, fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
+	}
+	return r.statusLocked(n), nil
+}
+
+func (r *Registry) statusLocked(n *node) NodeStatus {
+	st := NodeStatus{
+		ID: n.rec.ID, State: n.state(), Reason: n.reason, Version: n.rec.Version, Address: n.rec.RPCURL,
+		Sandboxes: n.count, Inflight: n.inflight, UsedCPU: n.usedCPU, UsedMemoryMB: n.usedMemMB,
+		Capacity: n.rec.Capacity, LastHeartbeat: n.lastBeat.UTC(),
+	}
+	for _, t := range n.rec.Templates {
+		st.Templates = append(st.Templates, t.Name)
+	}
+	if d := n.rec.Drain; d != nil {
+		st.Drain = &DrainState{Policy: d.Policy, Phase: n.phase, StartedAt: d.StartedAt, Remaining: n.count}
+	}
+	return st
+}

@@ -1,0 +1,108 @@
+package cluster
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Candidate is a node as the scheduler sees it at one instant.
+type Candidate struct {
+	ID          string
+	State       State
+	HasTemplate bool // template present on the node
+	Fetchable   bool // the server can ship the template to the node
+	CPU         int  // schedulable vCPUs
+	MemoryMB    int64
+	MaxSBX      int
+	MaxCreates  int
+	UsedCPU     int
+	UsedMemMB   int64
+	Sandboxes   int
+	Inflight    int // creates in progress
+}
+
+// Request is one sandbox to place.
+type Request struct {
+	Template string
+	CPU      int
+	MemoryMB int64
+}
+
+// Filter returns the candidates that can take req, and for the others the
+// reason they were rejected.
+func Filter(cands []Candidate, req Request) (ok []Candidate, rejected map[string]string) {
+	rejected = map[string]string{}
+	for _, c := range cands {
+		switch {
+		case c.State != StateReady:
+			rejected[c.ID] = "node is " + string(c.State)
+		case !c.HasTemplate && !c.Fetchable:
+			rejected[c.ID] = fmt.Sprintf("template %q not on node", req.Template)
+		case c.MaxSBX > 0 && c.Sandboxes+c.Inflight >= c.MaxSBX:
+			rejected[c.ID] = fmt.Sprintf("sandbox limit %d reached", c.MaxSBX)
+		case c.MaxCreates > 0 && c.Inflight >= c.MaxCreates:
+			rejected[c.ID] = fmt.Sprintf("%d creates in flight", c.Inflight)
+		case c.CPU > 0 && c.UsedCPU+req.CPU > c.CPU:
+			rejected[c.ID] = fmt.Sprintf("cpu: %d of %d used, %d requested", c.UsedCPU, c.CPU, req.CPU)
+		case c.MemoryMB > 0 && c.UsedMemMB+req.MemoryMB > c.MemoryMB:
+			rejected[c.ID] = fmt.Sprintf("memory: %d of %d MiB used, %d requested", c.UsedMemMB, c.MemoryMB, req.MemoryMB)
+		default:
+			ok = append(ok, c)
+		}
+	}
+	return ok, rejected
+}
+
+// Score ranks a feasible candidate: higher is better. Free capacity spreads
+// load across nodes; a node that already has the template wins over one
+// that would have to fetch it; creates in flight count against a node.
+func Score(c Candidate, req Request) float64 {
+	free := func(used, total int64) float64 {
+		if total <= 0 {
+			return 1
+		}
+		return 1 - float64(used)/float64(total)
+	}
+	s := 0.0
+	s += 40 * free(int64(c.UsedCPU+req.CPU), int64(c.CPU))
+	s += 40 * free(c.UsedMemMB+req.MemoryMB, c.MemoryMB)
+	s += 20 * free(int64(c.Sandboxes+c.Inflight+1), int64(c.MaxSBX))
+	if c.HasTemplate {
+		s += 50
+	}
+	s -= 5 * float64(c.Inflight)
+	return s
+}
+
+// Pick chooses the best node for req, or fails with ErrResourceExhausted
+// naming why each node was rejected. Ties go to the lowest node id, so the
+// choice is deterministic.
+func Pick(cands []Candidate, req Request) (string, error) {
+	ok, rejected := Filter(cands, req)
+	if len(ok) == 0 {
+		if len(cands) == 0 {
+			return "", fmt.Errorf("no nodes registered: %w", errdefs.ErrResourceExhausted)
+		}
+		ids := make([]string, 0, len(rejected))
+		for id := range rejected {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		parts := make([]string, len(ids))
+		for i, id := range ids {
+			parts[i] = id + ": " + rejected[id]
+		}
+		return "", fmt.Errorf("no node can take the sandbox (%s): %w", strings.Join(parts, "; "), errdefs.ErrResourceExhausted)
+	}
+	best, bestScore := "", 0.0
+	for _, c := range ok {
+		sc := Score(c, req)
+		if best == "" || sc > bestScore || (sc == bestScore && c.ID < best) {
+			best, bestScore = c.ID, sc
+		}
+	}
+	return best, nil
+}

@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+func ready(id string) Candidate {
+	return Candidate{ID: id, State: StateReady, HasTemplate: true, CPU: 16, MemoryMB: 16384, MaxSBX: 100, MaxCreates: 10}
+}
+
+func TestFilter(t *testing.T) {
+	req := Request{Template: "base", CPU: 2, MemoryMB: 512}
+	mod := func(f func(*Candidate)) Candidate { c := ready("n"); f(&c); return c }
+	cases := []struct {
+		name   string
+		c      Candidate
+		ok     bool
+		reason string
+	}{
+		{"ready", ready("n"), true, ""},
+		{"isolated", mod(func(c *Candidate) { c.State = StateIsolated }), false, "Isolated"},
+		{"draining", mod(func(c *Candidate) { c.State = StateDraining }), false, "Draining"},
+		{"down", mod(func(c *Candidate) { c.State = StateDown }), false, "Down"},
+		{"no template", mod(func(c *Candidate) { c.HasTemplate = false }), false, "template"},
+		{"fetchable template", mod(func(c *Candidate) { c.HasTemplate = false; c.Fetchable = true }), true, ""},
+		{"count full", mod(func(c *Candidate) { c.Sandboxes = 99; c.Inflight = 1 }), false, "limit"},
+		{"create concurrency", mod(func(c *Candidate) { c.Inflight = 10 }), false, "in flight"},
+		{"cpu full", mod(func(c *Candidate) { c.UsedCPU = 15 }), false, "cpu"},
+		{"cpu exactly fits", mod(func(c *Candidate) { c.UsedCPU = 14 }), true, ""},
+		{"memory full", mod(func(c *Candidate) { c.UsedMemMB = 16000 }), false, "memory"},
+		{"unlimited capacity", Candidate{ID: "n", State: StateReady, HasTemplate: true}, true, ""},
+	}
+	for _, c := range cases {
+		ok, rej := Filter([]Candidate{c.c}, req)
+		if (len(ok) == 1) != c.ok {
+			t.Errorf("%s: feasible=%v, want %v (%v)", c.name, len(ok) == 1, c.ok, rej)
+		}
+		if !c.ok && !strings.Contains(rej["n"], c.reason) {
+			t.Errorf("%s: reason %q should mention %q", c.name, rej["n"], c.reason)
+		}
+	}
+}
+
+func TestPickPrefersLocalityThenSpreadThenID(t *testing.T) {
+	req := Request{Template: "base", CPU: 1, MemoryMB: 256}
+	busy := ready("a")
+	busy.UsedCPU, busy.UsedMemMB, busy.Sandboxes = 8, 8192, 50
+	idle := ready("b")
+	if got, _ := Pick([]Candidate{busy, idle}, req); got != "b" {
+		t.Errorf("spread: got %s, want the idle node b", got)
+	}
+	noTpl := ready("c")
+	noTpl.HasTemplate, noTpl.Fetchable = false, true
+	if got, _ := Pick([]Candidate{noTpl, busy}, req); got != "a" {
+		t.Errorf("locality: got %s, want a (has the template)", got)
+	}
+	if got, _ := Pick([]Candidate{ready("z"), ready("y")}, req); got != "y" {
+		t.Errorf("tie: got %s, want lowest id y", got)
+	}
+}
+
+func TestPickNoNode(t *testing.T) {
+	_, err := Pick(nil, Request{Template: "base"})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("no nodes: %v", err)
+	}
+	down := ready("n1")
+	down.State = StateDown
+	_, err = Pick([]Candidate{down}, Request{Template: "base"})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "n1: node is Down") {
+		t.Fatalf("all rejected: %v", err)
+	}
+}
+
+// TestReserveUnderConcurrency places 200 creates at once on two nodes with
+// room for 150 and checks the accounting never oversubscribes a node.
+func TestReserveUnderConcurrency(t *testing.T) {
+	r := NewRegistry(Config{ServerVersion: "v0.1.0"}, nil, nil)
+	for _, id := range []string{"n1", "n2"} {
+		r.nodes[id] = &node{rec: NodeRecord{ID: id, Capacity: Capacity{CPUCount: 150, MemoryMB: 1 << 20, MaxSandboxes: 75, MaxCreates: 200},
+			Templates: []TemplateRef{{Name: "base"}}}}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	placed, refused, failed := map[string]int{}, 0, 0
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			n, release, err := r.reserve("sb"+string(rune('a'+i%26))+string(rune('a'+i/26)), Request{Template: "base", CPU: 2, MemoryMB: 256})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if !errors.Is(err, errdefs.ErrResourceExhausted) {
+					t.Errorf("reserve: %v", err)
+				}
+				refused++
+				return
+			}
+			ok := i%10 != 0 // every tenth create fails and gives its capacity back
+			if ok {
+				placed[n.rec.ID]++
+			} else {
+				failed++
+			}
+			release(ok)
+		}(i)
+	}
+	wg.Wait()
+	if placed["n1"] > 75 || placed["n2"] > 75 || placed["n1"]+placed["n2"]+refused+failed != 200 {
+		t.Fatalf("placed %v refused %d failed %d", placed, refused, failed)
+	}
+	for _, id := range []string{"n1", "n2"} {
+		n := r.nodes[id]
+		if n.inflight != 0 || n.usedCPU != 2*n.count || n.count > 75 || n.count != placed[id] {
+			t.Errorf("%s: inflight %d usedCPU %d count %d", id, n.inflight, n.usedCPU, n.count)
+		}
+	}
+}

@@ -1,0 +1,104 @@
+// Package cluster is the server's view of its nodes: registration with the
+// version-skew policy, heartbeats and probes (health), scheduling with
+// capacity accounting, isolate/uncordon/drain, and routing of sandbox
+// operations to the node that runs the sandbox.
+package cluster
+
+import (
+	"context"
+	"time"
+)
+
+// State is a node's health and operator state.
+type State string
+
+// Node states. Ready nodes take new sandboxes; Isolated and Draining nodes
+// keep their sandboxes but take no new ones; Down nodes missed heartbeats
+// and failed probes.
+const (
+	StateReady    State = "Ready"
+	StateIsolated State = "Isolated"
+	StateDraining State = "Draining"
+	StateDown     State = "Down"
+)
+
+// Capacity is what a node offers to the scheduler.
+type Capacity struct {
+	CPUCount     int   `json:"cpuCount"`
+	MemoryMB     int64 `json:"memoryMB"`
+	MaxSandboxes int   `json:"maxSandboxes"`
+	MaxCreates   int   `json:"maxCreates"`
+}
+
+// TemplateRef names a template a node holds.
+type TemplateRef struct {
+	Name       string `json:"name"`
+	Digest     string `json:"digest"`
+	CPUCount   int    `json:"cpuCount"`
+	MemoryMB   int    `json:"memoryMB"`
+	DiskSizeMB int    `json:"diskSizeMB"`
+}
+
+// DrainPolicy says what happens to a draining node's sandboxes after the
+// grace period: wait for their TTLs (up to the deadline) or kill them.
+type DrainPolicy string
+
+// Drain policies.
+const (
+	DrainWait DrainPolicy = "wait"
+	DrainKill DrainPolicy = "kill"
+)
+
+// Drain is a drain in progress; persisted so it resumes after a restart.
+type Drain struct {
+	Policy    DrainPolicy   `json:"policy"`
+	Grace     time.Duration `json:"grace"`
+	Deadline  time.Duration `json:"deadline"` // for DrainWait: then kill what is left
+	StartedAt time.Time     `json:"startedAt"`
+}
+
+// NodeRecord is the durable part of a node's registration.
+type NodeRecord struct {
+	ID           string        `json:"id"`
+	Version      string        `json:"version"`
+	RPCURL       string        `json:"rpcURL"`
+	DataIP       string        `json:"dataIP"`
+	Token        string        `json:"token"`
+	Capacity     Capacity      `json:"capacity"`
+	Templates    []TemplateRef `json:"templates"`
+	Isolated     bool          `json:"isolated"`
+	Drain        *Drain        `json:"drain,omitempty"`
+	RegisteredAt time.Time     `json:"registeredAt"`
+}
+
+// NodeStore persists node records (the server's SQL store implements it).
+type NodeStore interface {
+	PutNode(ctx context.Context, n NodeRecord) error
+	DeleteNode(ctx context.Context, id string) error
+	ListNodes(ctx context.Context) ([]NodeRecord, error)
+}
+
+// NodeStatus is a node as `cube node ls` shows it.
+type NodeStatus struct {
+	ID            string      `json:"id"`
+	State         State       `json:"state"`
+	Reason        string      `json:"reason,omitempty"`
+	Version       string      `json:"version"`
+	Address       string      `json:"address"`
+	Sandboxes     int         `json:"sandboxes"`
+	Inflight      int         `json:"inflightCreates"`
+	UsedCPU       int         `json:"usedCPU"`
+	UsedMemoryMB  int64       `json:"usedMemoryMB"`
+	Capacity      Capacity    `json:"capacity"`
+	Templates     []string    `json:"templates"`
+	LastHeartbeat time.Time   `json:"lastHeartbeat"`
+	Drain         *DrainState `json:"drain,omitempty"`
+}
+
+// DrainState reports a drain's progress.
+type DrainState struct {
+	Policy    DrainPolicy `json:"policy"`
+	Phase     string      `json:"phase"` // grace, waiting, killing, done
+	StartedAt time.Time   `json:"startedAt"`
+	Remaining int         `json:"remaining"`
+}

@@ -1,0 +1,162 @@
+package cubelet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/template"
+)
+
+// BenchmarkRestartToServing measures what a restarted cubelet costs before
+// it serves: New (open store and dataplane) plus Reconcile over N live
+// sandboxes (re-dial every shim, re-apply egress, check mappings).
+// CUBE_BENCH_SIZES overrides the sizes (default "0,100,500").
+//
+//	go test -run '^$' -bench RestartToServing -benchtime 5x ./internal/cubelet
+func BenchmarkRestartToServing(b *testing.B) {
+	sizes := []int{0, 100, 500}
+	if v := os.Getenv("CUBE_BENCH_SIZES"); v != "" {
+		sizes = nil
+		for _, s := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil {
+				b.Fatalf("CUBE_BENCH_SIZES: %v", err)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, size := range sizes {
+		b.Run(fmt.Sprintf("sandboxes=%d", size), func(b *testing.B) {
+			cfg, templates := benchNode(b)
+			ctx := context.Background()
+			c, err := New(ctx, cfg, templates)
+			if err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			if err := createMany(ctx, c, size); err != nil {
+				c.Close()
+				b.Fatal(err)
+			}
+			b.Logf("created %d sandboxes in %s; their memory: %d MiB", size, time.Since(start).Round(time.Millisecond), cgroupMemMiB(cfg.CgroupParent))
+			c.Close()
+			for b.Loop() {
+				c, err := New(ctx, cfg, templates)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c.Close()
+			}
+			b.ReportMetric(float64(cgroupMemMiB(cfg.CgroupParent)), "sandbox-MiB")
+		})
+	}
+}
+
+func createMany(ctx context.Context, c *Cubelet, n int) error {
+	var wg sync.WaitGroup
+	errc := make(chan error, n)
+	sem := make(chan struct{}, 4)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if _, err := c.CreateSandbox(ctx, createReq(fmt.Sprintf("bench-%04d", i))); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	return <-errc
+}
+
+// cgroupMemMiB is the memory charged to the sandboxes and their shims
+// (cgroup v1 memory controller; 0 where it cannot be read).
+func cgroupMemMiB(parent string) int64 {
+	var total int64
+	for _, cg := range []string{parent, nsrt.ShimCgroup(parent)} {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.usage_in_bytes"))
+		if err != nil {
+			continue
+		}
+		v, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		total += v
+	}
+	return total >> 20
+}
+
+// benchNode is newTestNode sized for hundreds of sandboxes: a /22 and a
+// 1000-port range, names unique to the run, torn down at the end.
+func benchNode(b *testing.B) (Config, *template.Registry) {
+	tmp, err := os.MkdirTemp("", "cbench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw := make([]byte, 3)
+	rand.Read(raw)
+	tag := hex.EncodeToString(raw)
+	octet := int(raw[0]) % 60 * 4
+	net := cubevs.DefaultConfig()
+	net.RunDir = filepath.Join(tmp, "run")
+	net.DPName = "cdp-" + tag
+	net.HostVeth = "cb" + tag
+	net.TablePrefix = "cb" + tag
+	net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.27.%d.0/22", octet))
+	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.12/30", octet))
+	net.PortMin, net.PortMax = 42000, 42999
+	cfg := Config{
+		StateDir: filepath.Join(tmp, "node"), Exe: os.Args[0], EnvdPath: envdBinary, EnvdVersion: "0.0.0-bench",
+		CgroupParent: "cube-bench-" + tag, Network: net,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	templates := &template.Registry{Dir: filepath.Join(tmp, "templates"), CacheDir: filepath.Join(tmp, "cache")}
+	rootfs := filepath.Join(tmp, "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "root"} {
+		os.MkdirAll(filepath.Join(rootfs, d), 0o755)
+	}
+	data, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		b.Skipf("busybox-static not installed: %v", err)
+	}
+	os.WriteFile(filepath.Join(rootfs, "bin/busybox"), data, 0o755)
+	os.Symlink("busybox", filepath.Join(rootfs, "bin/sh"))
+	if _, err := templates.ImportDir(context.Background(), "tiny", rootfs); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if c, err := New(ctx, cfg, templates); err == nil {
+			if err := c.KillAll(ctx); err != nil {
+				b.Errorf("cleanup: %v", err)
+			}
+			c.dp.Destroy(ctx)
+			c.Close()
+		} else {
+			b.Errorf("cleanup: %v", err)
+		}
+		for _, cg := range []string{cfg.CgroupParent, nsrt.ShimCgroup(cfg.CgroupParent)} {
+			if err := cgroup.DeleteEverywhere(ctx, cg); err != nil {
+				b.Errorf("cleanup cgroup %s: %v", cg, err)
+			}
+		}
+		os.RemoveAll(tmp)
+	})
+	return cfg, templates
+}

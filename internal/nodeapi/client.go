@@ -1,0 +1,121 @@
+package nodeapi
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
+	"github.com/cube-dev/cube/api/gen/node/v1/nodev1connect"
+	"github.com/cube-dev/cube/internal/cubelet"
+)
+
+// Client calls one cubelet's CubeletService. Errors come back as errdefs
+// kinds (see FromConnect).
+type Client struct {
+	rpc nodev1connect.CubeletServiceClient
+}
+
+// NewClient returns a client for the cubelet at baseURL that authenticates
+// with token.
+func NewClient(hc *http.Client, baseURL, token string) *Client {
+	return &Client{rpc: nodev1connect.NewCubeletServiceClient(hc, baseURL,
+		connect.WithInterceptors(bearer(token)))}
+}
+
+func bearer(token string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
+	}
+}
+
+// Info asks the cubelet for its identity, capacity and templates (also the
+// server's liveness probe).
+func (c *Client) Info(ctx context.Context) (*nodev1.NodeInfo, error) {
+	res, err := c.rpc.GetInfo(ctx, connect.NewRequest(&nodev1.Empty{}))
+	if err != nil {
+		return nil, FromConnect(err)
+	}
+	return res.Msg, nil
+}
+
+// CreateSandbox creates a sandbox on the node.
+func (c *Client) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
+	res, err := c.rpc.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{
+		SandboxId: req.SandboxID, Template: req.Template, CpuCount: int32(req.CPUCount), MemoryMb: int32(req.MemoryMB),
+		EnvVars: req.EnvVars, EnvdAccessToken: req.EnvdAccessToken, AllowInternet: req.AllowInternet,
+	}))
+	if err != nil {
+		return cubelet.Sandbox{}, FromConnect(err)
+	}
+	return sandboxFromProto(res.Msg.GetSandbox()), nil
+}
+
+// KillSandbox removes a sandbox from the node.
+func (c *Client) KillSandbox(ctx context.Context, id string) error {
+	_, err := c.rpc.KillSandbox(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
+	return FromConnect(err)
+}
+
+// HostPort returns the node's host port for a sandbox's guest port.
+func (c *Client) HostPort(ctx context.Context, id string, port uint16) (uint16, error) {
+	res, err := c.rpc.MapPort(ctx, connect.NewRequest(&nodev1.MapPortRequest{SandboxId: id, GuestPort: uint32(port)}))
+	if err != nil {
+		return 0, FromConnect(err)
+	}
+	return uint16(res.Msg.HostPort), nil
+}
+
+// SandboxMetrics reads a sandbox's counters on the node.
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
+	res, err := c.rpc.GetMetrics(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
+	if err != nil {
+		return cubelet.Metrics{}, FromConnect(err)
+	}
+	m := res.Msg
+	return cubelet.Metrics{
+		Timestamp: time.UnixMilli(m.TimestampUnixMs).UTC(), CPUCount: int(m.CpuCount), CPUUsedPct: m.CpuUsedPct,
+		MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
+	}, nil
+}
+
+// PauseSandbox freezes a sandbox.
+func (c *Client) PauseSandbox(ctx context.Context, id string) error {
+	_, err := c.rpc.PauseSandbox(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
+	return FromConnect(err)
+}
+
+// ResumeSandbox thaws a sandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) error {
+	_, err := c.rpc.ResumeSandbox(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
+	return FromConnect(err)
+}
+
+// UpdateEgress replaces a sandbox's egress policy.
+func (c *Client) UpdateEgress(ctx context.Context, id string, allowInternet bool, allowOut, denyOut []string) error {
+	_, err := c.rpc.UpdateEgress(ctx, connect.NewRequest(&nodev1.EgressRequest{
+		SandboxId: id, AllowInternet: allowInternet, AllowOut: allowOut, DenyOut: denyOut,
+	}))
+	return FromConnect(err)
+}
+
+// Sandboxes lists the sandboxes running on the node.
+func (c *Client) Sandboxes(ctx context.Context) ([]cubelet.Sandbox, error) {
+	res, err := c.rpc.ListSandboxes(ctx, connect.NewRequest(&nodev1.Empty{}))
+	if err != nil {
+		return nil, FromConnect(err)
+	}
+	out := make([]cubelet.Sandbox, 0, len(res.Msg.Sandboxes))
+	for _, p := range res.Msg.Sandboxes {
+		out = append(out, sandboxFromProto(p))
+	}
+	return out, nil
+}
+
+func parseAddr(s string) (netip.Addr, error) { return netip.ParseAddr(s) }

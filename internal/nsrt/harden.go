@@ -1,0 +1,123 @@
+package nsrt
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cube-dev/cube/internal/seccomp"
+)
+
+// SandboxCapabilities is the capability set the sandbox's init (and every
+// root process inside) keeps: Docker's default set without NET_RAW and
+// MKNOD. NET_RAW would let a sandbox forge packets from its own netns (ping
+// still works: sandbox-init opens ICMP echo sockets to every group through
+// net.ipv4.ping_group_range). MKNOD is not needed because /dev is provided,
+// and without it a sandbox cannot make device nodes at all, which is the
+// device barrier on cgroup v2 hosts where no devices controller exists.
+// SETUID, SETGID (setgroups too), CHOWN, DAC_OVERRIDE, FOWNER and KILL are
+// what envd uses to run commands as other users and manage their files.
+var SandboxCapabilities = []uintptr{
+	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
+	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP,
+	unix.CAP_NET_BIND_SERVICE, unix.CAP_SYS_CHROOT, unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
+}
+
+// maskedPaths are hidden from the sandbox as OCI runtimes do: files are
+// covered with /dev/null, directories with an empty read-only tmpfs. They
+// expose host kernel memory, keys, timers or hardware.
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+// readonlyPaths are remounted read-only: host-wide kernel knobs.
+var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+
+// protectKernelFiles masks and write-protects /proc and /sys paths; it runs
+// after /proc and /sys are mounted in the new root. Before /proc/sys turns
+// read-only it opens ICMP echo sockets to every group of the sandbox's
+// network namespace, so ping works without CAP_NET_RAW.
+func protectKernelFiles() error {
+	// Per network namespace; best effort (the netns may lack IPv4).
+	_ = os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0)
+	for _, p := range maskedPaths {
+		if err := maskPath(p); err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	for _, p := range readonlyPaths {
+		if err := readonlyPath(p); err != nil {
+			return fmt.Errorf("make %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func maskPath(p string) error {
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=555")
+	}
+	return unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+}
+
+func readonlyPath(p string) error {
+	if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	return unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+}
+
+// dropPrivileges is the last step of sandbox-init before exec, on the
+// thread that execs: it shrinks the bounding set to SandboxCapabilities,
+// clears the ambient and inheritable sets, keeps SandboxCapabilities as
+// effective and permitted, sets no_new_privs and installs the seccomp
+// profile. The exec'd init, as uid 0 without file capabilities, gets the
+// bounding set as its permitted set; nothing it execs can gain more.
+func dropPrivileges() error {
+	keep := map[uintptr]bool{}
+	for _, c := range SandboxCapabilities {
+		keep[c] = true
+	}
+	for c := uintptr(0); c <= unix.CAP_LAST_CAP+8; c++ { // +8: caps newer than x/sys
+		if keep[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+			if errors.Is(err, unix.EINVAL) {
+				break // past the kernel's last capability
+			}
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	var data [2]unix.CapUserData
+	for c := range keep {
+		data[c/32].Effective |= 1 << (c % 32)
+		data[c/32].Permitted |= 1 << (c % 32)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("set capabilities: %w", err)
+	}
+	if err := seccomp.SetNoNewPrivs(); err != nil {
+		return err
+	}
+	return seccomp.InstallDefault()
+}

@@ -1,0 +1,105 @@
+// Package ratelimit is a token-bucket rate limiter keyed by a string (an
+// API key id): each key has its own bucket that refills at Rate tokens per
+// second up to Burst, and every request takes one token.
+package ratelimit
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Limit is a sustained rate and a burst. A zero Rate means unlimited.
+type Limit struct {
+	Rate  float64 // tokens per second
+	Burst int     // bucket size; at least 1 when Rate > 0
+}
+
+// Validate rejects negative values and a positive rate without burst.
+func (l Limit) Validate() error {
+	if l.Rate < 0 || l.Burst < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
+		return fmt.Errorf("rate limit %+v: negative or not finite: %w", l, errdefs.ErrInvalidArgument)
+	}
+	if l.Rate > 0 && l.Burst < 1 {
+		return fmt.Errorf("rate limit %+v: burst must be at least 1: %w", l, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Unlimited reports whether l lets everything through.
+func (l Limit) Unlimited() bool { return l.Rate == 0 }
+
+// maxIdleKeys bounds the map: past it, buckets that have refilled (their
+// key was idle long enough to be indistinguishable from a new one) are
+// dropped.
+const maxIdleKeys = 4096
+
+// Limiter holds one bucket per key. It is safe for concurrent use.
+type Limiter struct {
+	limit   Limit
+	now     func() time.Time
+	mu      sync.Mutex
+	buckets map[string]*bucket
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// New returns a limiter applying l to every key; l must be valid.
+func New(l Limit) *Limiter {
+	return &Limiter{limit: l, now: time.Now, buckets: map[string]*bucket{}}
+}
+
+// Allow takes a token from key's bucket. When the bucket is empty it takes
+// nothing and returns false with the time until a token is available.
+func (l *Limiter) Allow(key string) (bool, time.Duration) {
+	if l.limit.Unlimited() {
+		return true, 0
+	}
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.buckets[key]
+	if !ok {
+		if len(l.buckets) >= maxIdleKeys {
+			l.sweep(now)
+		}
+		b = &bucket{tokens: float64(l.limit.Burst), last: now}
+		l.buckets[key] = b
+	}
+	l.refill(b, now)
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	wait := time.Duration((1 - b.tokens) / l.limit.Rate * float64(time.Second))
+	return false, wait
+}
+
+func (l *Limiter) refill(b *bucket, now time.Time) {
+	if el := now.Sub(b.last); el > 0 {
+		b.tokens = min(float64(l.limit.Burst), b.tokens+el.Seconds()*l.limit.Rate)
+		b.last = now
+	}
+}
+
+// sweep drops full buckets.
+func (l *Limiter) sweep(now time.Time) {
+	for k, b := range l.buckets {
+		l.refill(b, now)
+		if b.tokens >= float64(l.limit.Burst) {
+			delete(l.buckets, k)
+		}
+	}
+}
+
+// RetryAfterSeconds renders a wait as the integer seconds of a Retry-After
+// header: rounded up, at least 1.
+func RetryAfterSeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}

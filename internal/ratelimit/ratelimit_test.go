@@ -1,0 +1,110 @@
+package ratelimit
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time        { return c.t }
+func (c *clock) add(d time.Duration)   { c.t = c.t.Add(d) }
+func newAt(l Limit, c *clock) *Limiter { lim := New(l); lim.now = c.now; return lim }
+
+func TestBurstThenRate(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := newAt(Limit{Rate: 2, Burst: 3}, c)
+	for i := range 3 {
+		if ok, _ := l.Allow("k"); !ok {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+	}
+	ok, wait := l.Allow("k")
+	if ok || wait != 500*time.Millisecond {
+		t.Fatalf("past the burst: ok=%v wait=%s, want refused with 500ms", ok, wait)
+	}
+	if ok, _ := l.Allow("other"); !ok {
+		t.Error("another key shares the bucket")
+	}
+	c.add(499 * time.Millisecond)
+	if ok, _ := l.Allow("k"); ok {
+		t.Error("token before its time")
+	}
+	c.add(time.Millisecond)
+	if ok, _ := l.Allow("k"); !ok {
+		t.Error("token not refilled after 500ms at 2/s")
+	}
+	c.add(time.Hour)
+	for i := range 3 {
+		if ok, _ := l.Allow("k"); !ok {
+			t.Fatalf("refill beyond burst: request %d refused", i)
+		}
+	}
+	if ok, _ := l.Allow("k"); ok {
+		t.Error("bucket refilled beyond its burst")
+	}
+}
+
+func TestUnlimitedAndValidate(t *testing.T) {
+	l := New(Limit{})
+	for range 1000 {
+		if ok, _ := l.Allow("k"); !ok {
+			t.Fatal("unlimited limiter refused")
+		}
+	}
+	for _, bad := range []Limit{{Rate: -1, Burst: 1}, {Rate: 1, Burst: 0}, {Rate: 1, Burst: -1}} {
+		if err := bad.Validate(); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Validate(%+v) = %v", bad, err)
+		}
+	}
+	if err := (Limit{Rate: 20, Burst: 100}).Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	for d, want := range map[time.Duration]int{0: 1, time.Millisecond: 1, time.Second: 1, 1001 * time.Millisecond: 2, 5 * time.Second: 5} {
+		if got := RetryAfterSeconds(d); got != want {
+			t.Errorf("RetryAfterSeconds(%s) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+func TestSweepBoundsKeys(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := newAt(Limit{Rate: 1, Burst: 1}, c)
+	for i := range maxIdleKeys {
+		l.Allow(strconv.Itoa(i))
+	}
+	c.add(2 * time.Second)
+	l.Allow("new")
+	if n := len(l.buckets); n != 1 {
+		t.Errorf("%d buckets after a sweep of idle keys, want 1", n)
+	}
+}
+
+func TestConcurrentAllowTakesExactlyBurst(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := newAt(Limit{Rate: 1, Burst: 50}, c)
+	var mu sync.Mutex
+	allowed := 0
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			if ok, _ := l.Allow("k"); ok {
+				mu.Lock()
+				allowed++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if allowed != 50 {
+		t.Errorf("%d requests allowed at once, want the burst of 50", allowed)
+	}
+}

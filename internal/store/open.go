@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Store is everything the server needs from the control-plane store:
+// sandbox records (master.Store), API keys (api.KeyVerifier and key
+// management), node documents (cluster) and the schema version. SQLite and PostgreSQL implement it.
+type Store interface {
+	CreateSandbox(ctx context.Context, sb Sandbox) error
+	GetSandbox(ctx context.Context, id string) (Sandbox, error)
+	DeleteSandbox(ctx context.Context, id string) error
+	SetEndAt(ctx context.Context, id string, endAt time.Time) error
+	SetState(ctx context.Context, id string, state State, endAt time.Time) error
+	SetNetwork(ctx context.Context, id string, network json.RawMessage, allowInternet *bool) error
+	ListSandboxes(ctx context.Context, f ListFilter) (Page, error)
+	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+	NextEndAt(ctx context.Context, after time.Time) (time.Time, bool, error)
+	AllSandboxes(ctx context.Context) ([]Sandbox, error)
+
+	CreateKey(ctx context.Context, name string) (string, error)
+	AddKeyHash(ctx context.Context, name, plaintext string) (string, error)
+	ListKeys(ctx context.Context) ([]APIKey, error)
+	RevokeKey(ctx context.Context, id string) error
+	VerifyKey(ctx context.Context, plaintext string) (string, error)
+
+	PutNodeData(ctx context.Context, id string, data []byte) error
+	DeleteNodeData(ctx context.Context, id string) error
+	ListNodeData(ctx context.Context) (map[string][]byte, error)
+
+	SchemaVersion(ctx context.Context) (int, error)
+	Close() error
+}
+
+var (
+	_ Store = (*SQLite)(nil)
+	_ Store = (*PostgreSQL)(nil)
+)
+
+var schemeRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// Open opens the store named by dsn:
+//   - postgres://... or postgresql://... : PostgreSQL (the database must exist)
+//   - sqlite://PATH or a plain file path: SQLite at PATH (created if missing)
+//
+// Any other URL scheme is ErrInvalidArgument.
+func Open(ctx context.Context, dsn string) (Store, error) {
+	switch {
+	case dsn == "":
+		return nil, fmt.Errorf("open store: %w: empty database address; give a file path or a postgres:// URL", errdefs.ErrInvalidArgument)
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return OpenPostgreSQL(ctx, dsn)
+	case strings.HasPrefix(dsn, "sqlite://"):
+		path := strings.TrimPrefix(dsn, "sqlite://")
+		if path == "" {
+			return nil, fmt.Errorf("open store: %w: sqlite:// needs a path (sqlite:///var/lib/cube/server.db)", errdefs.ErrInvalidArgument)
+		}
+		return OpenSQLite(ctx, path)
+	case schemeRE.MatchString(dsn):
+		scheme, _, _ := strings.Cut(dsn, "://")
+		return nil, fmt.Errorf("open store: %w: unsupported database scheme %q; use postgres:// or a SQLite file path", errdefs.ErrInvalidArgument, scheme)
+	default:
+		return OpenSQLite(ctx, dsn)
+	}
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Benchmarks a fresh all-in-one Cube: `make bench` runs this.
+#
+#   test/bench/run.sh CUBE_BINARY [OUT_JSON] [cube bench flags...]
+#
+# Starts `CUBE up --keep-sandboxes` on a free loopback port with its own data
+# dir, run dir, host veth, nft tables, port range, transit subnet and cgroup
+# parent (so it does not collide with another Cube on this host), runs
+# `CUBE bench` against it (all phases; the restart phase restarts that
+# cube up), writes OUT_JSON (default bench-results.json), then tears
+# everything down: the last cube up is stopped, and one more start without
+# --keep-sandboxes reaps whatever is left and removes the dataplane.
+# Needs root, node and npm; the floor responder must sit next to CUBE
+# (benchfloor, built by `make bench`).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+[[ $# -ge 1 ]] || { echo "usage: $0 CUBE_BINARY [OUT_JSON] [cube bench flags...]" >&2; exit 2; }
+CUBE="$(readlink -f "$1")"
+OUT="${2:-bench-results.json}"
+shift $(($# >= 2 ? 2 : 1))
+[[ "$(id -u)" == 0 ]] || { echo "bench: must run as root" >&2; exit 2; }
+export CUBE_CACHE_DIR="${CUBE_CACHE_DIR:-/var/cache/cube}"
+
+TMP="$(mktemp -d /tmp/cube-bench.XXXXXX)"
+DATA="$TMP/data"
+RUN="$TMP/run"
+mkdir -p "$DATA" "$RUN"
+API_KEY="bench_$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+PORT="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+URL="http://127.0.0.1:$PORT"
+# Names and ranges of this Cube; override to run two benches at once. The
+# host-port range must stay clear of the API port (an ephemeral one, >= 32768):
+# the host DNATs the whole range to the dataplane.
+UP_FLAGS=(
+	--listen "127.0.0.1:$PORT" --data-dir "$DATA" --run-dir "$RUN" --api-key "$API_KEY"
+	--host-veth "${CUBE_BENCH_VETH:-cubebench0}" --table-prefix "${CUBE_BENCH_TABLES:-cubebench}"
+	--port-range "${CUBE_BENCH_PORTS:-30000-32499}" --transit "${CUBE_BENCH_TRANSIT:-169.254.250.8/30}"
+	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}"
+)
+
+up_pid() { cat "$DATA/cube.pid" 2>/dev/null || true; }
+
+# wait_healthy PID: wait until the cube up PID answers /health.
+wait_healthy() {
+	local deadline=$((SECONDS + 600))
+	until [[ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "$URL/health" || true)" == 200 ]]; do
+		kill -0 "$1" 2>/dev/null || { echo "bench: cube up exited; see $TMP/*.log" >&2; return 1; }
+		((SECONDS < deadline)) || { echo "bench: cube not healthy; see $TMP/*.log" >&2; return 1; }
+		sleep 0.2
+	done
+}
+
+stop_up() {
+	local pid i
+	pid="$(up_pid)"
+	[[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for ((i = 0; i < 1200; i++)); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	echo "bench: cube up $pid did not stop; killing it" >&2
+	kill -KILL "$pid" 2>/dev/null || true
+}
+
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	stop_up
+	# A last start without --keep-sandboxes re-adopts and then kills every
+	# sandbox left over and removes the dataplane when it stops.
+	"$CUBE" up "${UP_FLAGS[@]}" >>"$TMP/teardown.log" 2>&1 &
+	local pid=$!
+	if wait_healthy "$pid"; then
+		kill -TERM "$pid"
+	else
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+	wait "$pid" 2>/dev/null || true
+	rmdir /sys/fs/cgroup/*/"${CUBE_BENCH_CGROUP:-cubebench}"{,-shims} 2>/dev/null || true
+	if grep -qs "$TMP" /proc/self/mountinfo || pgrep -f -- "$TMP" >/dev/null; then
+		echo "bench: leaving $TMP (mounts or processes left)" >&2
+	else
+		rm -rf "$TMP"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "bench: starting cube up on $URL (data dir $DATA)"
+"$CUBE" up "${UP_FLAGS[@]}" --keep-sandboxes >"$TMP/cube.log" 2>&1 &
+wait_healthy $!
+echo "bench: cube healthy; running cube bench"
+"$CUBE" bench --server "$URL" --api-key "$API_KEY" --data-dir "$DATA" \
+	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}" --sdk-dir "$HERE" \
+	--restart-log "$TMP/cube-restarted.log" --json "$OUT" "$@"
+echo "bench: results in $OUT"

@@ -1,0 +1,326 @@
+// Package cluster_test drives real `cube server` and `cube cubelet`
+// processes on this machine: two nodes with their own dataplanes (distinct
+// host veths, nft tables, port ranges, transit and sandbox subnets, cgroup
+// parents), as several hosts would run them.
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nsrt"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("cluster tests need root; skipping")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "cube-cluster-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	for _, b := range []struct{ out, pkg, cgo string }{{"cube", "./cmd/cube", "1"}, {"envd", "./cmd/envd", "0"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Printf("build %s: %v\n%s", b.pkg, err, out)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// proc is a cube process started by the test.
+type proc struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func start(t *testing.T, log string, args ...string) *proc {
+	t.Helper()
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "cube"), args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p := &proc{cmd: cmd, log: log}
+	t.Cleanup(func() { p.kill(syscall.SIGKILL) })
+	return p
+}
+
+func (p *proc) kill(sig syscall.Signal) {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	p.cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 3000 {
+		b = b[len(b)-3000:]
+	}
+	return string(b)
+}
+
+// cluster is a server and its nodes.
+type cluster struct {
+	t      *testing.T
+	dir    string
+	url    string
+	key    string
+	server *proc
+	nodes  map[string]*nodeProc
+}
+
+type nodeProc struct {
+	id   string
+	args []string
+	net  cubevs.Config
+	cg   string
+	p    *proc
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir(), key: "cube_test_" + randHex(8), nodes: map[string]*nodeProc{}}
+	port := freePort(t)
+	c.url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	c.server = start(t, filepath.Join(c.dir, "server.log"), "server", "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--data-dir", filepath.Join(c.dir, "server"), "--api-key", c.key, "--node-down-after", "2s")
+	c.waitFor("server health", 30*time.Second, func() bool {
+		res, err := http.Get(c.url + "/health")
+		if err == nil {
+			res.Body.Close()
+		}
+		return err == nil && res.StatusCode == 200
+	})
+	return c
+}
+
+// addNode starts a cubelet with its own dataplane and a busybox template
+// named "tiny".
+func (c *cluster) addNode(id string, octet int) *nodeProc {
+	t := c.t
+	dir := filepath.Join(c.dir, id)
+	tag := randHex(2)
+	rootfs := busyboxRootfs(t)
+	out, err := exec.Command(filepath.Join(binDir, "cube"), "template", "create", "tiny", "--from-dir", rootfs, "--data-dir", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("template create: %v\n%s", err, out)
+	}
+	n := &nodeProc{id: id, cg: "cube-ct-" + tag}
+	n.net = cubevs.DefaultConfig()
+	n.net.RunDir = filepath.Join(dir, "run")
+	n.net.DPName = "dp-" + tag
+	n.net.HostVeth = "cc" + tag
+	n.net.TablePrefix = "cc" + tag
+	// Port ranges stay in 30000-32767: above the default range, below the
+	// kernel's ephemeral ports (a DNATed range there would capture other
+	// tests' outgoing connections).
+	n.net.PortMin = uint16(30000 + octet*20)
+	n.net.PortMax = n.net.PortMin + 19
+	n.net.Transit = netip.MustParsePrefix(fmt.Sprintf("10.253.%d.0/30", octet))
+	n.net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.29.%d.0/24", octet))
+	n.args = []string{"cubelet", "--server", c.url, "--api-key", c.key, "--node-id", id,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--advertise-ip", "127.0.0.1",
+		"--data-dir", dir, "--run-dir", n.net.RunDir, "--cgroup-parent", n.cg, "--build-base=false",
+		"--host-veth", n.net.HostVeth, "--table-prefix", n.net.TablePrefix, "--dp-name", n.net.DPName,
+		"--port-range", fmt.Sprintf("%d-%d", n.net.PortMin, n.net.PortMax), "--transit", n.net.Transit.String(),
+		"--node-cidr", n.net.NodeCIDR.String(), "--envd", filepath.Join(binDir, "envd")}
+	n.p = start(t, filepath.Join(c.dir, id+".log"), n.args...)
+	c.nodes[id] = n
+	t.Cleanup(func() { c.purgeNode(n) })
+	c.waitState(id, "Ready", 30*time.Second)
+	return n
+}
+
+// restartNode starts a node's cubelet again after it was stopped.
+func (c *cluster) restartNode(n *nodeProc) {
+	n.p = start(c.t, filepath.Join(c.dir, n.id+".log"), n.args...)
+}
+
+// purgeNode removes everything a node made: sandboxes (through its shims),
+// the dataplane, cgroups.
+func (c *cluster) purgeNode(n *nodeProc) {
+	n.p.kill(syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sbDir := filepath.Join(c.dir, n.id, "node", "sandboxes")
+	ents, _ := os.ReadDir(sbDir)
+	for _, e := range ents {
+		nsrt.Cleanup(ctx, filepath.Join(sbDir, e.Name()), n.cg, e.Name())
+	}
+	if dp, err := cubevs.Open(ctx, n.net); err == nil {
+		dp.Destroy(ctx)
+	} else {
+		c.t.Logf("purge %s dataplane: %v", n.id, err)
+	}
+	cgroup.DeleteEverywhere(ctx, n.cg)
+	cgroup.DeleteEverywhere(ctx, nsrt.ShimCgroup(n.cg))
+}
+
+func (c *cluster) waitFor(what string, d time.Duration, cond func() bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("timed out waiting for %s\nserver log:\n%s", what, c.server.tail())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type nodeStatus struct {
+	ID        string `json:"id"`
+	State     string `json:"state"`
+	Sandboxes int    `json:"sandboxes"`
+	Reason    string `json:"reason"`
+	Drain     *struct {
+		Phase string `json:"phase"`
+	} `json:"drain"`
+}
+
+func (c *cluster) nodeStatus(id string) nodeStatus {
+	var ns []nodeStatus
+	c.call(http.MethodGet, "/nodes", nil, &ns, 200)
+	for _, n := range ns {
+		if n.ID == id {
+			return n
+		}
+	}
+	return nodeStatus{}
+}
+
+func (c *cluster) waitState(id, state string, d time.Duration) {
+	c.waitFor("node "+id+" "+state, d, func() bool { return c.nodeStatus(id).State == state })
+}
+
+// call sends an authenticated JSON request and checks the status.
+func (c *cluster) call(method, path string, body, out any, want int) {
+	c.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, c.url+path, rd)
+	req.Header.Set("X-API-Key", c.key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != want {
+		c.t.Fatalf("%s %s: %d %s (want %d)", method, path, res.StatusCode, data, want)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			c.t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
+		}
+	}
+}
+
+func (c *cluster) create() string {
+	var sb struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	c.call(http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "tiny", "timeout": 600}, &sb, 201)
+	return sb.SandboxID
+}
+
+// envdHealth asks the sandbox's envd for /health through the server proxy.
+func (c *cluster) envdHealth(id string) int {
+	req, _ := http.NewRequest(http.MethodGet, c.url+"/health", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+func (c *cluster) cube(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(binDir, "cube"), args...)
+	cmd.Env = append(os.Environ(), "CUBE_SERVER="+c.url, "CUBE_API_KEY="+c.key)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func busyboxRootfs(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "root"} {
+		os.MkdirAll(filepath.Join(dir, d), 0o755)
+	}
+	data, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("busybox-static is required (make deps): %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755)
+	for _, app := range []string{"sh", "sleep", "cat", "echo"} {
+		os.Symlink("busybox", filepath.Join(dir, "bin", app))
+	}
+	return dir
+}

@@ -1,0 +1,82 @@
+package security
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/nsrt"
+)
+
+// BenchmarkStart measures nsrt.Start to ready (and the kill) of a hardened
+// busybox sandbox, without and with a size-limited disk, to price the
+// disk: `go test ./test/security -run '^$' -bench Start -benchtime 20x`.
+func BenchmarkStart(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		diskMB int
+	}{{"unlimited", 0}, {"disk1G", 1024}} {
+		b.Run(c.name, func(b *testing.B) {
+			base := b.TempDir()
+			rootfs := filepath.Join(base, "template")
+			buildRootfsB(b, rootfs)
+			exe, _ := os.Executable()
+			parent := "cube-secb-" + c.name
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				_ = cgroup.DeleteEverywhere(ctx, nsrt.ShimCgroup(parent))
+				_ = cgroup.DeleteEverywhere(ctx, parent)
+			}()
+			ctx := context.Background()
+			for i := 0; b.Loop(); i++ {
+				id := "b" + strconv.Itoa(i)
+				stateDir := filepath.Join(base, id)
+				if err := os.Mkdir(stateDir, 0o700); err != nil {
+					b.Fatal(err)
+				}
+				sb, err := nsrt.Start(ctx, exe, nsrt.Spec{
+					ID: id, StateDir: stateDir, Rootfs: rootfs, Args: []string{"/bin/sh", "-c", "echo x >&3; exec sleep 1000"},
+					Env: []string{"PATH=/bin"}, Resources: cgroup.Resources{PidsMax: 16, MemoryMB: 64},
+					CgroupParent: parent, DiskSizeMB: c.diskMB,
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sb.Close()
+				b.StopTimer()
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				if err := nsrt.Cleanup(cctx, stateDir, parent, id); err != nil {
+					b.Error(err)
+				}
+				cancel()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+func buildRootfsB(b *testing.B, dir string) {
+	b.Helper()
+	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		b.Skip("needs /bin/busybox")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), bb, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for _, a := range []string{"sh", "sleep"} {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
