@@ -19,10 +19,11 @@ deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
 	@bash hack/deps.sh
 
 .PHONY: build
-build: ## Build bin/cube and the static bin/envd.
+build: ## Build bin/cube and the static bin/envd and bin/cube-shim.
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/cube ./cmd/cube
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-shim ./cmd/cube-shim
 
 .PHONY: generate
 generate: ## Regenerate protobuf/Connect code (committed).

@@ -37,6 +37,7 @@ type AllInOneConfig struct {
 	EnvdPath      string
 	Exe           string
 	CgroupParent  string // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
+	PoolSize      int    // warm-pool slots kept ready (0 = every create is cold)
 	Network       cubevs.Config
 	Logger        *slog.Logger
 	Out           io.Writer // user-facing output (progress, exports)
@@ -70,6 +71,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		EnvdPath:     cfg.EnvdPath,
 		EnvdVersion:  envd.Version,
 		CgroupParent: cfg.CgroupParent,
+		PoolSize:     cfg.PoolSize,
 		Network:      cfg.Network,
 		Logger:       log.With("role", "cubelet"),
 	}, templates)

@@ -21,13 +21,14 @@ import (
 	"github.com/cube-dev/cube/internal/envd"
 	"github.com/cube-dev/cube/internal/nodeapi"
 	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatedist"
 	"github.com/cube-dev/cube/internal/version"
 )
 
 // CubeletConfig configures `cube cubelet`, the node agent in cluster mode.
 type CubeletConfig struct {
-	ServerURL    string // where RegistryService is served
-	APIKey       string // authenticates registration
+	ServerURLs   []string // server replicas serving RegistryService, tried in order
+	APIKey       string   // presented at registration (optional unless the server requires it)
 	NodeID       string
 	Listen       string // CubeletService listener
 	AdvertiseIP  string // address the server reaches this node on (RPC and host ports)
@@ -37,6 +38,7 @@ type CubeletConfig struct {
 	EnvdPath     string
 	Exe          string
 	BuildBase    bool // build the `base` template if missing
+	PoolSize     int  // warm-pool slots
 	Capacity     *nodev1.Capacity
 	Network      cubevs.Config
 	Logger       *slog.Logger
@@ -56,7 +58,8 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	cfg.Network.RunDir = cfg.RunDir
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
-		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log,
+		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize,
+		Fetcher: &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)
@@ -126,10 +129,22 @@ func templatesToProto(ts []template.Template) []*nodev1.Template {
 // again when the server asks.
 func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet, info func(context.Context) (*nodev1.NodeInfo, error)) {
 	log := cfg.Logger
-	client := nodev1connect.NewRegistryServiceClient(&http.Client{Timeout: 10 * time.Second}, cfg.ServerURL,
-		connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey)))
+	hc := &http.Client{Timeout: 10 * time.Second}
+	clients := make([]nodev1connect.RegistryServiceClient, len(cfg.ServerURLs))
+	for i, u := range cfg.ServerURLs {
+		clients[i] = nodev1connect.NewRegistryServiceClient(hc, u, connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey)))
+	}
+	cur := 0
+	// failover moves to the next server replica after a failed call; the
+	// new replica may not know this node yet, so register again.
+	failover := func() {
+		if len(clients) > 1 {
+			cur = (cur + 1) % len(clients)
+		}
+	}
 	interval, registered, backoff := 2*time.Second, false, 500*time.Millisecond
 	for {
+		client, server := clients[cur], cfg.ServerURLs[cur]
 		if !registered {
 			ni, err := info(ctx)
 			if err == nil {
@@ -140,11 +155,12 @@ func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet
 					if ms := res.Msg.HeartbeatIntervalMs; ms > 0 {
 						interval = time.Duration(ms) * time.Millisecond
 					}
-					log.Info("registered with server", "server", cfg.ServerURL, "serverVersion", res.Msg.ServerVersion)
+					log.Info("registered with server", "server", server, "serverVersion", res.Msg.ServerVersion)
 				}
 			}
 			if err != nil {
-				log.Warn("register with server", "server", cfg.ServerURL, "err", nodeapi.FromConnect(err))
+				log.Warn("register with server", "server", server, "err", nodeapi.FromConnect(err))
+				failover()
 				if !sleepCtx(ctx, backoff) {
 					return
 				}
@@ -164,9 +180,15 @@ func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet
 		for i, sb := range sbs {
 			ids[i] = sb.ID
 		}
-		res, err := client.Heartbeat(ctx, connect.NewRequest(&nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids}))
+		hb := &nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids}
+		if ni, err := info(ctx); err == nil {
+			hb.Templates = ni.Templates
+		}
+		res, err := client.Heartbeat(ctx, connect.NewRequest(hb))
 		if err != nil {
-			log.Warn("heartbeat", "err", nodeapi.FromConnect(err))
+			log.Warn("heartbeat", "server", server, "err", nodeapi.FromConnect(err))
+			failover()
+			registered = len(clients) == 1
 			continue
 		}
 		if res.Msg.Reregister {
@@ -185,7 +207,9 @@ func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet
 func apiKeyInterceptor(key string) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("X-API-Key", key)
+			if key != "" {
+				req.Header().Set("X-API-Key", key)
+			}
 			return next(ctx, req)
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/proxy"
 	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatedist"
 	"github.com/cube-dev/cube/internal/version"
 )
 
@@ -30,10 +32,12 @@ type ServerConfig struct {
 	APIKey  string
 	Domain  string
 	// Roles to serve: any of api, master, proxy (all by default).
-	Roles     []string
-	DownAfter time.Duration
-	Logger    *slog.Logger
-	Out       io.Writer
+	Roles []string
+	// RequireNodeKey refuses cubelets that register without an API key.
+	RequireNodeKey bool
+	DownAfter      time.Duration
+	Logger         *slog.Logger
+	Out            io.Writer
 }
 
 // nodeStore is what the server's store must offer for cluster mode.
@@ -64,8 +68,12 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	if err != nil {
 		return err
 	}
+	// Templates registered on the server (cube template create --data-dir
+	// <server data-dir>) are shipped to nodes that lack them.
+	templates := template.NewRegistry(cfg.DataDir)
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, DownAfter: cfg.DownAfter, Logger: log,
+		Templates: templatedist.Source{Registry: templates},
 	}, cluster.DocumentNodes{Docs: st}, st)
 	if err := reg.Load(ctx); err != nil {
 		return err
@@ -91,14 +99,16 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		return fmt.Errorf("restore sandboxes: %w", err)
 	}
 	go leader.Run(ctx, clusterElector, func(ctx context.Context) error { return reg.Run(ctx) })
+	go reg.SyncLoop(ctx)
 
 	mux := http.NewServeMux()
 	if hasRole(cfg.Roles, "master") {
-		path, h := cluster.NewRegistryHandler(reg, st)
+		path, h := cluster.NewRegistryHandler(reg, st, cfg.RequireNodeKey)
 		mux.Handle(path, h)
 		admin := cluster.NewAdminHandler(reg, st)
 		mux.Handle("/nodes", admin)
 		mux.Handle("/nodes/", admin)
+		mux.Handle("/templates/", templatedist.Handler(templates, st))
 	}
 	if hasRole(cfg.Roles, "api") {
 		mux.Handle("/", api.New(m, st, log.With("role", "cube-api")))

@@ -24,6 +24,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("CUBE_API_KEY"), "API key to accept (env CUBE_API_KEY); default: generate one on first start")
 	fs.StringVar(&cfg.Domain, "domain", envDefault("CUBE_DOMAIN", ""), "domain for <port>-<id>.<domain> sandbox hosts (env CUBE_DOMAIN)")
 	roles := fs.String("roles", envDefault("CUBE_ROLES", "api,master,proxy"), "comma-separated roles to serve: api, master, proxy")
+	fs.BoolVar(&cfg.RequireNodeKey, "require-node-key", os.Getenv("CUBE_REQUIRE_NODE_KEY") == "true", "refuse cubelets that register without an API key (recommended outside a trusted node network)")
 	fs.DurationVar(&cfg.DownAfter, "node-down-after", 0, "mark a node Down after this long without heartbeats and a failed probe (default 10s)")
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -48,8 +49,8 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("cubelet", stderr)
 	host, _ := os.Hostname()
 	cfg := app.CubeletConfig{Network: cubevs.DefaultConfig(), Capacity: &nodev1.Capacity{}}
-	fs.StringVar(&cfg.ServerURL, "server", envDefault("CUBE_SERVER", ""), "URL of the cube server (env CUBE_SERVER)")
-	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("CUBE_API_KEY"), "API key used to register with the server (env CUBE_API_KEY)")
+	servers := fs.String("server", envDefault("CUBE_SERVER", ""), "URL of the cube server; several comma-separated URLs fail over in order (env CUBE_SERVER)")
+	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("CUBE_API_KEY"), "API key presented when registering (env CUBE_API_KEY; required by servers run with --require-node-key)")
 	fs.StringVar(&cfg.NodeID, "node-id", envDefault("CUBE_NODE_ID", host), "this node's id (env CUBE_NODE_ID; default the hostname)")
 	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_CUBELET_LISTEN", "0.0.0.0:7070"), "address of the node API the server calls")
 	fs.StringVar(&cfg.AdvertiseIP, "advertise-ip", envDefault("CUBE_ADVERTISE_IP", ""), "IP the server uses to reach this node (default: the listen IP or the first non-loopback address)")
@@ -58,6 +59,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made")
 	fs.StringVar(&cfg.EnvdPath, "envd", envDefault("CUBE_ENVD", ""), "path of the envd binary (default: next to the cube binary)")
 	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
+	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
 	nf := addNetworkFlags(fs, &cfg.Network)
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
 	maxSBX := fs.Int("max-sandboxes", 500, "most sandboxes this node takes")
@@ -68,8 +70,13 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if cfg.ServerURL == "" || cfg.APIKey == "" || cfg.NodeID == "" {
-		return usageError{"--server, --api-key and --node-id are required"}
+	for _, u := range strings.Split(*servers, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			cfg.ServerURLs = append(cfg.ServerURLs, strings.TrimRight(u, "/"))
+		}
+	}
+	if len(cfg.ServerURLs) == 0 || cfg.NodeID == "" {
+		return usageError{"--server and --node-id are required"}
 	}
 	p, err := netip.ParsePrefix(*nodeCIDR)
 	if err != nil {
@@ -84,7 +91,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.Exe = exe
+	cfg.Exe = app.ShimBinary(exe)
 	if cfg.EnvdPath == "" {
 		cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 	}

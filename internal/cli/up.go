@@ -27,6 +27,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.KeepSandboxes, "keep-sandboxes", false, "leave sandboxes running when Cube stops")
 	fs.StringVar(&cfg.EnvdPath, "envd", envDefault("CUBE_ENVD", ""), "path of the envd binary (default: next to the cube binary)")
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
+	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots (netns + veth + IP + disk) kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
 	nf := addNetworkFlags(fs, &cfg.Network)
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -49,7 +50,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.Exe = exe
+	cfg.Exe = app.ShimBinary(exe)
 	if cfg.EnvdPath == "" {
 		cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 	}

@@ -143,6 +143,10 @@ func (r *Registry) Run(ctx context.Context) error {
 // checkHealth probes nodes that missed heartbeats and marks them Down when
 // the probe fails too.
 func (r *Registry) checkHealth(ctx context.Context) {
+	if err := r.Sync(ctx); err != nil {
+		r.log.Warn("sync nodes before health check", "err", err)
+		return
+	}
 	r.mu.Lock()
 	var late []*node
 	for _, n := range r.nodes {
@@ -164,7 +168,12 @@ func (r *Registry) checkHealth(ctx context.Context) {
 			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", time.Since(n.lastBeat).Round(time.Second), err)
 			r.log.Warn("node down", "node", n.rec.ID, "reason", n.reason)
 		}
+		n.rec.Down, n.rec.DownReason = n.down, n.reason
+		rec := n.rec
 		r.mu.Unlock()
+		if err := r.store.PutNode(ctx, rec); err != nil {
+			r.log.Warn("record node health", "node", rec.ID, "err", err)
+		}
 	}
 }
 

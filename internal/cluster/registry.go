@@ -29,9 +29,18 @@ type Config struct {
 	// Recent protects a sandbox from heartbeat reconciliation for this long
 	// after its create started (default 2 min), so a create racing with a
 	// heartbeat is never mistaken for a leftover.
-	Recent     time.Duration
+	Recent time.Duration
+	// Templates are the templates the server can ship to nodes that lack
+	// them (template distribution); nil when the server holds none.
+	Templates  TemplateSource
 	HTTPClient *http.Client
 	Logger     *slog.Logger
+}
+
+// TemplateSource is the server's own template registry.
+type TemplateSource interface {
+	// ServerTemplate returns errdefs.ErrNotFound when the server lacks it.
+	ServerTemplate(ctx context.Context, name string) (TemplateRef, error)
 }
 
 func (c *Config) defaults() {
@@ -132,10 +141,64 @@ func (r *Registry) Load(ctx context.Context) error {
 	r.mu.Lock()
 	now := time.Now()
 	for _, rec := range recs {
-		r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: now}
+		// A freshly started server gives every node a full DownAfter
+		// before judging it, whatever the stored heartbeat says.
+		r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: now, down: rec.Down, reason: rec.DownReason}
 	}
 	r.mu.Unlock()
 	return r.recount(ctx)
+}
+
+// Sync merges node records written by other server replicas (new nodes,
+// heartbeats they received, Down decisions of the leader, operator
+// actions) into this replica's view.
+func (r *Registry) Sync(ctx context.Context) error {
+	recs, err := r.store.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	r.mu.Lock()
+	for _, rec := range recs {
+		seen[rec.ID] = true
+		n, ok := r.nodes[rec.ID]
+		if !ok {
+			r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: rec.LastHeartbeat, down: rec.Down, reason: rec.DownReason}
+			continue
+		}
+		if rec.Token != n.rec.Token || rec.RPCURL != n.rec.RPCURL {
+			n.client = r.newClient(rec)
+		}
+		if rec.LastHeartbeat.After(n.lastBeat) {
+			n.lastBeat = rec.LastHeartbeat
+		}
+		n.rec = rec
+		n.down, n.reason = rec.Down, rec.DownReason
+	}
+	for id := range r.nodes {
+		if !seen[id] {
+			delete(r.nodes, id)
+		}
+	}
+	r.mu.Unlock()
+	return r.recount(ctx)
+}
+
+// SyncLoop runs Sync every heartbeat interval until ctx ends. Every server
+// replica runs it (not only the leader).
+func (r *Registry) SyncLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := r.Sync(ctx); err != nil {
+				r.log.Warn("sync nodes from store", "err", err)
+			}
+		}
+	}
 }
 
 func (r *Registry) newClient(rec NodeRecord) *nodeapi.Client {
@@ -181,6 +244,7 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 	if rec.RegisteredAt.IsZero() {
 		rec.RegisteredAt = time.Now().UTC()
 	}
+	rec.LastHeartbeat, rec.Down, rec.DownReason = time.Now().UTC(), false, ""
 	r.mu.Unlock()
 	if err := r.store.PutNode(ctx, rec); err != nil {
 		return fmt.Errorf("persist node %s: %w", rec.ID, err)
@@ -215,8 +279,14 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 	if templates != nil {
 		n.rec.Templates = templates
 	}
+	n.rec.LastHeartbeat, n.rec.Down, n.rec.DownReason = n.lastBeat.UTC(), false, ""
+	rec := n.rec
 	life := r.life
 	r.mu.Unlock()
+	// Persist so the replica running health checks sees it.
+	if err := r.store.PutNode(ctx, rec); err != nil {
+		return nil, false, fmt.Errorf("record heartbeat of %s: %w", id, err)
+	}
 
 	all, err := r.index.AllSandboxes(ctx)
 	if err != nil {

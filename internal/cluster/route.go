@@ -18,14 +18,15 @@ var (
 	_ master.NetworkUpdater = (*Registry)(nil)
 )
 
-// candidatesLocked snapshots the nodes for the scheduler.
-func (r *Registry) candidatesLocked(template string) []Candidate {
+// candidatesLocked snapshots the nodes for the scheduler; fetchable says
+// the server can ship the template to nodes that lack it.
+func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate {
 	out := make([]Candidate, 0, len(r.nodes))
 	for _, n := range r.nodes {
 		c := Candidate{
 			ID: n.rec.ID, State: n.state(), CPU: n.rec.Capacity.CPUCount, MemoryMB: n.rec.Capacity.MemoryMB,
 			MaxSBX: n.rec.Capacity.MaxSandboxes, MaxCreates: n.rec.Capacity.MaxCreates,
-			UsedCPU: n.usedCPU, UsedMemMB: n.usedMemMB, Sandboxes: n.count, Inflight: n.inflight,
+			UsedCPU: n.usedCPU, UsedMemMB: n.usedMemMB, Sandboxes: n.count, Inflight: n.inflight, Fetchable: fetchable,
 		}
 		for _, t := range n.rec.Templates {
 			if t.Name == template {
@@ -40,10 +41,10 @@ func (r *Registry) candidatesLocked(template string) []Candidate {
 // reserve picks a node for req and accounts for the sandbox at once, so
 // concurrent creates never oversubscribe a node. release(ok) ends the
 // in-flight create; on failure it returns the capacity.
-func (r *Registry) reserve(sandboxID string, req Request) (*node, func(ok bool), error) {
+func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node, func(ok bool), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	id, err := Pick(r.candidatesLocked(req.Template), req)
+	id, err := Pick(r.candidatesLocked(req.Template, fetchable), req)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -78,7 +79,8 @@ func (r *Registry) CreateSandbox(ctx context.Context, req cubelet.CreateRequest)
 	if mem <= 0 {
 		mem = tpl.MemoryMB
 	}
-	n, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)})
+	_, serr := r.serverTemplate(ctx, req.Template)
+	n, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, serr == nil)
 	if err != nil {
 		return cubelet.Sandbox{}, err
 	}
@@ -194,8 +196,12 @@ func (r *Registry) UpdateNetwork(ctx context.Context, id string, p master.Networ
 	return cl.UpdateEgress(ctx, id, p.AllowInternet, p.Network.AllowOut, p.Network.DenyOut)
 }
 
-// Template reports a template's defaults from any node that has it.
-func (r *Registry) Template(_ context.Context, name string) (master.TemplateInfo, error) {
+// Template reports a template's defaults: from the server's registry (it
+// can ship it to any node), else from any node that has it.
+func (r *Registry) Template(ctx context.Context, name string) (master.TemplateInfo, error) {
+	if t, err := r.serverTemplate(ctx, name); err == nil {
+		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.nodes {
@@ -205,5 +211,12 @@ func (r *Registry) Template(_ context.Context, name string) (master.TemplateInfo
 			}
 		}
 	}
-	return master.TemplateInfo{}, fmt.Errorf("template %q is on no node: %w", name, errdefs.ErrNotFound)
+	return master.TemplateInfo{}, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
+}
+
+func (r *Registry) serverTemplate(ctx context.Context, name string) (TemplateRef, error) {
+	if r.cfg.Templates == nil {
+		return TemplateRef{}, errdefs.ErrNotFound
+	}
+	return r.cfg.Templates.ServerTemplate(ctx, name)
 }

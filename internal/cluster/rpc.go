@@ -19,14 +19,20 @@ type KeyVerifier interface {
 
 type registryServer struct{ r *Registry }
 
-// NewRegistryHandler serves RegistryService for cubelets. Cubelets
-// authenticate with an API key (X-API-Key or Authorization: Bearer).
-func NewRegistryHandler(r *Registry, keys KeyVerifier) (string, http.Handler) {
+// NewRegistryHandler serves RegistryService for cubelets. A cubelet that
+// presents an API key (X-API-Key or Authorization: Bearer) must present a
+// valid one; with requireKey, every cubelet must. (The server reaches each
+// cubelet with the per-node token it registered, whatever this setting.)
+func NewRegistryHandler(r *Registry, keys KeyVerifier, requireKey bool) (string, http.Handler) {
 	path, h := nodev1connect.NewRegistryServiceHandler(&registryServer{r: r})
 	return path, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		key := req.Header.Get("X-API-Key")
 		if key == "" {
 			key, _ = strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+		}
+		if key == "" && !requireKey {
+			h.ServeHTTP(w, req)
+			return
 		}
 		if _, err := keys.VerifyKey(req.Context(), key); key == "" || err != nil {
 			w.Header().Set("Content-Type", "application/json")

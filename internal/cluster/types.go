@@ -69,6 +69,11 @@ type NodeRecord struct {
 	Isolated     bool          `json:"isolated"`
 	Drain        *Drain        `json:"drain,omitempty"`
 	RegisteredAt time.Time     `json:"registeredAt"`
+	// Health, shared by server replicas through the store: any replica may
+	// receive a node's heartbeat; the leader decides Down.
+	LastHeartbeat time.Time `json:"lastHeartbeat"`
+	Down          bool      `json:"down,omitempty"`
+	DownReason    string    `json:"downReason,omitempty"`
 }
 
 // NodeStore persists node records (the server's SQL store implements it).

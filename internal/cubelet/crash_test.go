@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -48,6 +49,13 @@ func crashCreateMain([]string) int {
 	if err != nil {
 		return 3
 	}
+	// With a warm pool, crash on the pool path: wait for a ready slot.
+	for deadline := time.Now().Add(20 * time.Second); c.cfg.PoolSize > 0 && c.PoolSize() == 0; {
+		if time.Now().After(deadline) {
+			return 5
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if _, err := c.CreateSandbox(context.Background(), createReq(id)); err != nil {
 		return 4
 	}
@@ -88,7 +96,14 @@ func runCrashChild(t *testing.T, n *node, mode, id, step string) {
 // restarts it and asserts: the interrupted sandbox is fully running or fully
 // gone, nothing is orphaned, and the same id is created again at once.
 func TestCrashDuringCreate(t *testing.T) {
+	for _, poolSize := range []int{0, 2} {
+		t.Run(fmt.Sprintf("pool=%d", poolSize), func(t *testing.T) { crashDuringCreate(t, poolSize) })
+	}
+}
+
+func crashDuringCreate(t *testing.T, poolSize int) {
 	n := newTestNode(t)
+	n.cfg.PoolSize = poolSize
 	for _, step := range CreateSteps {
 		t.Run(step, func(t *testing.T) {
 			id := "crash-" + step

@@ -31,7 +31,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if !validID(req.SandboxID) {
 		return Sandbox{}, fmt.Errorf("sandbox id %q: %w", req.SandboxID, errdefs.ErrInvalidArgument)
 	}
-	tmpl, err := c.templates.Get(ctx, req.Template)
+	tmpl, err := c.template(ctx, req.Template)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("template %q: %w", req.Template, err)
 	}
@@ -50,8 +50,12 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if rec.Generation, err = c.store.NextGeneration(); err != nil {
 		return Sandbox{}, err
 	}
-	ip, hostPort, release, err := c.allocate(ctx)
+	slot, fromPool := c.takeSlot()
+	ip, hostPort, release, err := c.allocate(ctx, slot)
 	if err != nil {
+		if fromPool {
+			c.returnSlot(slot)
+		}
 		return Sandbox{}, err
 	}
 	defer release()
@@ -60,7 +64,16 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 
 	// The owner record goes first: every kernel object made below can be
 	// traced back to it, and a crash leaves something Reconcile can find.
-	if err := c.store.Put(rec); err != nil {
+	// A pool slot's record is replaced by the sandbox's in one transaction.
+	if fromPool {
+		err = c.store.PutReplacing(rec, slot.ID)
+	} else {
+		err = c.store.Put(rec)
+	}
+	if err != nil {
+		if fromPool {
+			c.returnSlot(slot)
+		}
 		return Sandbox{}, fmt.Errorf("write owner record: %w", err)
 	}
 	defer func() {
@@ -70,13 +83,25 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 			if terr := c.teardown(cctx, rec); terr != nil {
 				c.log.Error("clean up failed create", "sandbox", rec.ID, "err", terr)
 			}
+			if fromPool {
+				// The slot's endpoint may still carry the slot's name.
+				c.dp.Detach(cctx, slot.ID)
+				os.Remove(c.slotDisk(slot.ID))
+				os.Remove(c.slotDisk(slot.ID) + ".json")
+			}
 		}
 	}()
 	if err := failpoint.Hit("create/after-record"); err != nil {
 		return Sandbox{}, err
 	}
 
-	ep, err := c.dp.Attach(ctx, rec.ID, ip)
+	var ep cubevs.Endpoint
+	if fromPool {
+		ep, err = c.dp.Rename(ctx, slot.ID, rec.ID, ip)
+		os.Remove(c.slotDisk(slot.ID) + ".json")
+	} else {
+		ep, err = c.dp.Attach(ctx, rec.ID, ip)
+	}
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("attach network: %w", err)
 	}
@@ -94,6 +119,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if err != nil {
 		return Sandbox{}, err
 	}
+	spec.PreparedDisk = c.preparedDisk(slot, spec.DiskSizeMB)
 	if _, err := nsrt.Start(ctx, c.cfg.Exe, spec); err != nil {
 		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
 	}
@@ -154,18 +180,21 @@ func (c *Cubelet) runtimeSpec(req CreateRequest, rec nodestore.Sandbox, rootfs, 
 	}, nil
 }
 
-// allocate reserves a sandbox IP and a host port for envd. The reservation
-// is dropped by release once the owner record holds them (or create failed).
-func (c *Cubelet) allocate(ctx context.Context) (netip.Addr, uint16, func(), error) {
+// allocate reserves a sandbox IP (a pool slot's, when given) and a host
+// port for envd. The reservation is dropped by release once the owner
+// record holds them (or create failed).
+func (c *Cubelet) allocate(ctx context.Context, slot nodestore.Sandbox) (netip.Addr, uint16, func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	takenIPs, takenPorts, err := c.taken(ctx)
 	if err != nil {
 		return netip.Addr{}, 0, nil, err
 	}
-	ip, err := cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, takenIPs)
-	if err != nil {
-		return netip.Addr{}, 0, nil, fmt.Errorf("allocate sandbox IP: %w", err)
+	ip := slot.IP
+	if slot.ID == "" {
+		if ip, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, takenIPs); err != nil {
+			return netip.Addr{}, 0, nil, fmt.Errorf("allocate sandbox IP: %w", err)
+		}
 	}
 	port, err := cubevs.NextFreePort(c.cfg.Network.PortMin, c.cfg.Network.PortMax, takenPorts, 0)
 	if err != nil {

@@ -39,10 +39,15 @@ type Config struct {
 	// NoDiskLimit leaves the writable layer unlimited instead of putting it
 	// on a per-sandbox filesystem of the template's disk size.
 	NoDiskLimit bool
+	// PoolSize is how many pre-provisioned slots the warm pool keeps
+	// (0 disables it: every create is cold).
+	PoolSize int
 	// Network configures CubeVS.
 	Network cubevs.Config
 	// Logger receives the cubelet's logs.
 	Logger *slog.Logger
+	// Fetcher, when set, pulls templates the node lacks from the server.
+	Fetcher TemplateFetcher `json:"-"`
 }
 
 // Cubelet is the node agent.
@@ -61,6 +66,8 @@ type Cubelet struct {
 	reservedIPs   map[netip.Addr]bool
 	reservedPorts map[uint16]bool
 
+	pool      pool
+	stopPool  context.CancelFunc
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -94,10 +101,17 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		locks:         map[string]*sync.Mutex{},
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},
+		pool:          pool{kick: make(chan struct{}, 1)},
+		stopPool:      func() {},
 	}
 	if _, err := c.Reconcile(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("reconcile node: %w", err)
+	}
+	if cfg.PoolSize > 0 {
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c.stopPool = cancel
+		go c.runPool(pctx)
 	}
 	return c, nil
 }
@@ -106,6 +120,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 // It is idempotent.
 func (c *Cubelet) Close() error {
 	c.closeOnce.Do(func() {
+		if c.stopPool != nil {
+			c.stopPool()
+		}
 		c.closeErr = errors.Join(c.dp.Close(), c.store.Close())
 	})
 	return c.closeErr

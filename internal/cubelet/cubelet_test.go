@@ -13,6 +13,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodestore"
 )
 
 func createReq(id string) CreateRequest {
@@ -51,6 +52,11 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 		want[id] = true
 	}
 	recs, bad, _ := c.store.List()
+	for _, r := range recs {
+		if r.State == nodestore.StatePooled && c.isReady(r.ID) {
+			want[r.ID] = true // warm-pool slots are owned by the pool
+		}
+	}
 	for _, r := range recs {
 		if !want[r.ID] {
 			t.Errorf("leftover record %s (%s)", r.ID, r.State)
@@ -187,5 +193,70 @@ func TestLostStoreRebuildsAndSweepsOrphans(t *testing.T) {
 	}
 	if err := envdHealthy(t, c, "newcomer"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWarmPool creates sandboxes from pre-provisioned slots: the slot's
+// network is renamed to the sandbox, the pool refills, and nothing of a
+// slot is left behind after a kill or a restart.
+func TestWarmPool(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 2
+	c := n.start(t)
+	ctx := context.Background()
+	waitPool := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for c.PoolSize() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("pool has %d slots, want %d", c.PoolSize(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitPool(2)
+	slotIPs := map[string]bool{}
+	recs, _, _ := c.store.List()
+	for _, r := range recs {
+		slotIPs[r.IP.String()] = true
+	}
+	sb, err := c.CreateSandbox(ctx, createReq("from-pool"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slotIPs[sb.IP.String()] {
+		t.Fatalf("sandbox IP %s did not come from a slot %v", sb.IP, slotIPs)
+	}
+	if err := envdHealthy(t, c, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	eps, _ := c.dp.Endpoints(ctx)
+	found := false
+	for _, ep := range eps {
+		found = found || (ep.Owner == sb.ID && ep.IP == sb.IP)
+	}
+	if !found {
+		t.Fatalf("endpoint not renamed to the sandbox: %+v", eps)
+	}
+	waitPool(2)
+	assertClean(t, c, sb.ID)
+	// A restart keeps the slots and the sandbox.
+	c.Close()
+	c = n.start(t)
+	if c.PoolSize() != 2 {
+		t.Fatalf("pool after restart: %d", c.PoolSize())
+	}
+	if err := envdHealthy(t, c, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertClean(t, c)
+	if err := c.DestroyNetwork(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _, _ := c.store.List(); len(recs) != 0 {
+		t.Fatalf("records left after DestroyNetwork: %+v", recs)
 	}
 }

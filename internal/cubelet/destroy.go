@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/failpoint"
 	"github.com/cube-dev/cube/internal/nodestore"
@@ -87,6 +88,9 @@ func (c *Cubelet) KillAll(ctx context.Context) error {
 	}
 	var errs []error
 	for _, r := range recs {
+		if r.State == nodestore.StatePooled {
+			continue
+		}
 		if err := c.KillSandbox(ctx, r.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("sandbox %s: %w", r.ID, err))
 		}
@@ -97,6 +101,12 @@ func (c *Cubelet) KillAll(ctx context.Context) error {
 // DestroyNetwork removes the node's dataplane (cube-dp netns, host veth, nft
 // tables). It refuses while any sandbox is recorded.
 func (c *Cubelet) DestroyNetwork(ctx context.Context) error {
+	if c.stopPool != nil {
+		c.stopPool()
+	}
+	if err := c.DrainPool(ctx); err != nil {
+		return err
+	}
 	recs, _, err := c.store.List()
 	if err != nil {
 		return err
@@ -104,5 +114,7 @@ func (c *Cubelet) DestroyNetwork(ctx context.Context) error {
 	if len(recs) > 0 {
 		return fmt.Errorf("%d sandboxes still on the node: %w", len(recs), errdefs.ErrFailedPrecondition)
 	}
-	return c.dp.Destroy(ctx)
+	return errors.Join(c.dp.Destroy(ctx),
+		cgroup.DeleteEverywhere(ctx, c.cfg.CgroupParent),
+		cgroup.DeleteEverywhere(ctx, nsrt.ShimCgroup(c.cfg.CgroupParent)))
 }

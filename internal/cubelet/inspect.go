@@ -100,6 +100,10 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	}
 	live := map[string]bool{}
 	for id, r := range recs {
+		if r.State == nodestore.StatePooled {
+			live[id] = true // a warm-pool slot: owned by the pool, no shim
+			continue
+		}
 		alive := probeShim(ctx, cfg, id)
 		switch {
 		case alive:
@@ -254,6 +258,14 @@ func loadRecords(cfg Config, in *Inspection) (map[string]nodestore.Sandbox, erro
 				continue
 			}
 			out[id] = r
+		}
+		// Warm-pool slots keep their record copy next to their disk image.
+		slots, _ := filepath.Glob(filepath.Join(cfg.StateDir, "pool", poolPrefix+"*.json"))
+		for _, f := range slots {
+			var r nodestore.Sandbox
+			if data, err := os.ReadFile(f); err == nil && json.Unmarshal(data, &r) == nil && isSlot(r.ID) {
+				out[r.ID] = r
+			}
 		}
 		return out, nil
 	}

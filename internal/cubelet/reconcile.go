@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
@@ -16,13 +17,14 @@ import (
 
 // ReconcileReport says what one reconcile pass did.
 type ReconcileReport struct {
-	Adopted  []string      // live sandboxes kept
-	Rebuilt  []string      // live sandboxes whose lost record was rebuilt from the state dir
-	Reaped   []string      // recorded sandboxes that were dead or half-made, removed
-	Repaired int           // missing mappings re-added for live sandboxes
-	Orphans  []string      // kernel objects or state nobody owned, removed
-	Bad      []string      // unreadable records, left for an operator
-	Duration time.Duration // wall time of the pass
+	Adopted   []string      // live sandboxes kept
+	Rebuilt   []string      // live sandboxes whose lost record was rebuilt from the state dir
+	Reaped    []string      // recorded sandboxes that were dead or half-made, removed
+	Repaired  int           // missing mappings re-added for live sandboxes
+	Orphans   []string      // kernel objects or state nobody owned, removed
+	Bad       []string      // unreadable records, left for an operator
+	PoolSlots int           // warm-pool slots kept
+	Duration  time.Duration // wall time of the pass
 }
 
 // recordFile is the copy of a running sandbox's owner record kept in its
@@ -42,8 +44,12 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	rep.Bad = bad
 	owners := map[string]nodestore.Sandbox{}
+	var slots []nodestore.Sandbox
 	for _, r := range recs {
 		owners[r.ID] = r
+		if r.State == nodestore.StatePooled {
+			slots = append(slots, r)
+		}
 	}
 	// A lost store with live sandboxes: rebuild their records from state dirs.
 	for _, id := range c.stateDirIDs() {
@@ -59,7 +65,28 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("read mappings: %w", err)
 	}
+	egress, err := c.dp.EgressOwners(ctx)
+	if err != nil {
+		return rep, err
+	}
+	eps, err := c.dp.Endpoints(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read endpoints: %w", err)
+	}
+	attached := map[string]bool{}
+	for _, ep := range eps {
+		attached[ep.Owner] = ep.NetNSPath != "" && ep.LinkName != ""
+	}
+	rep.PoolSlots = c.reconcilePool(ctx, slots, attached)
+	for _, s := range slots {
+		if !c.isReady(s.ID) {
+			delete(owners, s.ID)
+		}
+	}
 	for id, r := range owners {
+		if r.State == nodestore.StatePooled {
+			continue
+		}
 		alive := r.State == nodestore.StateRunning && c.shimAlive(ctx, id)
 		if !alive {
 			unlock := c.lock(id)
@@ -73,8 +100,10 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			continue
 		}
 		rep.Adopted = append(rep.Adopted, id)
-		if err := c.dp.SetEgress(ctx, id, r.IP, egressOf(r)); err != nil {
-			c.log.Warn("re-apply egress policy", "sandbox", id, "err", err)
+		if !egress[id] {
+			if err := c.dp.SetEgress(ctx, id, r.IP, egressOf(r)); err != nil {
+				c.log.Warn("re-apply egress policy", "sandbox", id, "err", err)
+			}
 		}
 		rep.Repaired += c.repairMappings(ctx, r, mappings)
 	}
@@ -86,12 +115,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 func (c *Cubelet) shimAlive(ctx context.Context, id string) bool {
-	sb, err := nsrt.Attach(ctx, c.sandboxDir(id))
-	if err != nil {
-		return false
-	}
-	st, err := sb.State(ctx)
-	return err == nil && st.Running
+	return shimAliveIn(ctx, c.sandboxDir(id))
 }
 
 // repairMappings re-adds any of r's mappings missing from the kernel and
@@ -138,6 +162,15 @@ func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.
 			}
 			if err := c.dp.Detach(ctx, ep.Owner); err == nil {
 				orphans = append(orphans, "endpoint "+ep.Owner)
+			}
+		}
+	}
+	if ents, err := os.ReadDir(c.poolDir()); err == nil {
+		for _, e := range ents {
+			id := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".json"), ".img")
+			if _, ok := owners[id]; !ok {
+				os.Remove(filepath.Join(c.poolDir(), e.Name()))
+				orphans = append(orphans, "pool file "+e.Name())
 			}
 		}
 	}

@@ -65,6 +65,10 @@ func Open(ctx context.Context, cfg Config) (_ *Dataplane, err error) {
 	if d.host, err = netlink.NewHandleAt(d.hostNS); err != nil {
 		return nil, fmt.Errorf("host netlink: %w", err)
 	}
+	// Before making anything: a refused Open leaves nothing behind.
+	if err := d.checkTransitFree(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.netnsDir(), 0o755); err != nil {
 		return nil, fmt.Errorf("open dataplane: %w", err)
 	}
@@ -347,4 +351,40 @@ func addr(a netip.Addr, bits int) *netlink.Addr {
 func isNotFound(err error) bool {
 	var lnf netlink.LinkNotFoundError
 	return errors.As(err, &lnf) || errors.Is(err, os.ErrNotExist) || errors.Is(err, errNoDev)
+}
+
+// checkTransitFree refuses a transit subnet that the host already routes
+// through another link (another Cube dataplane, a VPN, a bridge): host
+// traffic to the dataplane would go there instead.
+func (d *Dataplane) checkTransitFree() error {
+	routes, err := d.host.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list host routes: %w", err)
+	}
+	own := -1
+	if l, err := d.host.LinkByName(d.cfg.HostVeth); err == nil {
+		own = l.Attrs().Index
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.LinkIndex == own {
+			continue
+		}
+		p, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		if ones == 0 {
+			continue // the default route
+		}
+		if netip.PrefixFrom(p, ones).Overlaps(d.cfg.Transit) {
+			name := fmt.Sprint(r.LinkIndex)
+			if l, err := d.host.LinkByIndex(r.LinkIndex); err == nil {
+				name = l.Attrs().Name
+			}
+			return fmt.Errorf("transit subnet %s overlaps the host route %s via %s: choose another --transit: %w",
+				d.cfg.Transit, r.Dst, name, errdefs.ErrConflict)
+		}
+	}
+	return nil
 }

@@ -164,3 +164,31 @@ func (d *Dataplane) removeOwnerNFT(owner string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// EgressOwners lists the owners whose egress chain is installed, read from
+// the kernel in one dump (reconcile re-applies policy only where missing).
+func (d *Dataplane) EgressOwners(ctx context.Context) (map[string]bool, error) {
+	unlock, err := d.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	c, err := d.dpConn()
+	if err != nil {
+		return nil, err
+	}
+	chains, err := c.ListChainsOfTableFamily(d.table().Family)
+	if err != nil {
+		return nil, fmt.Errorf("list egress chains: %w", err)
+	}
+	out := map[string]bool{}
+	for _, ch := range chains {
+		if ch.Table == nil || ch.Table.Name != d.table().Name {
+			continue
+		}
+		if owner, ok := bytes.CutPrefix([]byte(ch.Name), []byte("sb-")); ok {
+			out[string(owner)] = true
+		}
+	}
+	return out, nil
+}

@@ -26,6 +26,7 @@ const (
 	StateCreating = "creating" // owner record written, kernel objects being made
 	StateRunning  = "running"  // fully created; envd answered
 	StateDeleting = "deleting" // teardown in progress
+	StatePooled   = "pooled"   // a warm-pool slot: IP + netns + veth (+ disk image) owned by the pool
 )
 
 // Sandbox is the owner record of one sandbox's kernel objects.
@@ -143,6 +144,22 @@ func (s *Store) Get(id string) (Sandbox, error) {
 		return json.Unmarshal(v, &sb)
 	})
 	return sb, err
+}
+
+// PutReplacing writes sb and deletes the record `old` in one transaction
+// (a warm-pool slot handing its kernel objects to a sandbox).
+func (s *Store) PutReplacing(sb Sandbox, old string) error {
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		if err := b.Put([]byte(sb.ID), data); err != nil {
+			return err
+		}
+		return b.Delete([]byte(old))
+	})
 }
 
 // Delete removes a sandbox record; a missing record is not an error.

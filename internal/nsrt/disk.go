@@ -33,10 +33,22 @@ const loFlagsAutoclear = 4
 // mkfsTool formats the image; e2fsprogs is a dependency of sized disks.
 const mkfsTool = "mkfs.ext4"
 
-// makeDisk creates and formats the sandbox's disk image (host side, in the
-// shim). It replaces an image left by an earlier start.
-func makeDisk(stateDir string, sizeMB int) error {
-	img := filepath.Join(stateDir, diskImage)
+// placeDisk puts the sandbox's formatted disk image in its state dir: the
+// prepared one when the spec names it (moved, no formatting), else a new one.
+func placeDisk(stateDir string, spec Spec) error {
+	if spec.PreparedDisk != "" {
+		if err := os.Rename(spec.PreparedDisk, filepath.Join(stateDir, diskImage)); err == nil {
+			return nil
+		}
+		// Gone or on another filesystem: format a fresh one instead.
+	}
+	return MakeDisk(filepath.Join(stateDir, diskImage), spec.DiskSizeMB)
+}
+
+// MakeDisk creates and formats a sandbox disk image of sizeMB at img,
+// replacing any file there. The shim calls it at start; a warm pool may
+// call it ahead of time and pass the image as Spec.PreparedDisk.
+func MakeDisk(img string, sizeMB int) error {
 	f, err := os.OpenFile(img, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("create disk image: %w", err)

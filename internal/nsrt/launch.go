@@ -80,7 +80,7 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 		return nil, err
 	}
 	if spec.DiskSizeMB > 0 {
-		if err := makeDisk(stateDir, spec.DiskSizeMB); err != nil {
+		if err := placeDisk(stateDir, spec); err != nil {
 			return nil, err
 		}
 	}

@@ -72,6 +72,10 @@ type Spec struct {
 	// filling it gives ENOSPC inside the sandbox; 0 leaves it unlimited on
 	// the state dir's filesystem.
 	DiskSizeMB int `json:"diskSizeMB,omitempty"`
+	// PreparedDisk is an image already formatted with MakeDisk for
+	// DiskSizeMB (a warm pool's); it is moved into the state dir instead of
+	// formatting one at start. It must be on the state dir's filesystem.
+	PreparedDisk string `json:"preparedDisk,omitempty"`
 }
 
 // withDefaults fills the zero fields that have defaults.

@@ -190,7 +190,13 @@ func (r *Registry) Delete(ctx context.Context, name string) error {
 // and returns the source description), then prepares the rootfs, computes the
 // digest, writes template.json and renames the staging directory into place.
 // The caller must hold the name lock.
-func (r *Registry) build(ctx context.Context, name string, fill func(ctx context.Context, rootfs string) (string, error)) (t Template, err error) {
+func (r *Registry) build(ctx context.Context, name string, fill func(ctx context.Context, rootfs string) (string, error)) (Template, error) {
+	return r.buildDigest(ctx, name, "", fill)
+}
+
+// buildDigest is build that, when want is set, refuses (and discards) the
+// result unless its digest equals want.
+func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func(ctx context.Context, rootfs string) (string, error)) (t Template, err error) {
 	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
 		return Template{}, fmt.Errorf("create templates dir: %w", err)
 	}
@@ -223,6 +229,10 @@ func (r *Registry) build(ctx context.Context, name string, fill func(ctx context
 	if err != nil {
 		return Template{}, err
 	}
+	if want != "" && digest != want {
+		return Template{}, fmt.Errorf("template %q: imported content has digest %s, want %s (corrupt or tampered; nothing registered): %w",
+			name, digest, want, errdefs.ErrConflict)
+	}
 	t = Template{
 		Name:       name,
 		CPUCount:   DefaultCPUCount,
@@ -249,6 +259,11 @@ func (r *Registry) build(ctx context.Context, name string, fill func(ctx context
 
 // register validates name, takes the name lock and builds.
 func (r *Registry) register(ctx context.Context, name string, fill func(ctx context.Context, rootfs string) (string, error)) (Template, error) {
+	return r.registerDigest(ctx, name, "", fill)
+}
+
+// registerDigest is register with buildDigest's digest check.
+func (r *Registry) registerDigest(ctx context.Context, name, want string, fill func(ctx context.Context, rootfs string) (string, error)) (Template, error) {
 	if err := ValidateName(name); err != nil {
 		return Template{}, err
 	}
@@ -263,7 +278,7 @@ func (r *Registry) register(ctx context.Context, name string, fill func(ctx cont
 		return Template{}, err
 	}
 	defer unlock()
-	return r.build(ctx, name, fill)
+	return r.buildDigest(ctx, name, want, fill)
 }
 
 // cleanStale removes leftovers of crashed builds or deletes of name. The

@@ -124,4 +124,7 @@ func TestTwoNodeCluster(t *testing.T) {
 
 type testingWriter struct{ t *testing.T }
 
-func (w testingWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testingWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

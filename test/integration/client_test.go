@@ -23,7 +23,7 @@ type sandbox struct {
 	ID    string `json:"sandboxID"`
 	Token string `json:"envdAccessToken"`
 	// tickPID is the pid of the long-running ticker started in it.
-	tickPID uint32
+	tickPID  uint32
 	lastTick int
 }
 

@@ -99,7 +99,7 @@ func (n *node) start() time.Duration {
 	n.t.Helper()
 	port := n.freePort()
 	n.listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "warn"}, n.flags()...)
+	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "info"}, n.flags()...)
 	args = append(args, n.extra...)
 	logf, err := os.OpenFile(filepath.Join(n.dir, "cube.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -278,6 +278,9 @@ func (n *node) cleanup() {
 	t := n.t
 	if n.proc != nil {
 		n.stop()
+	}
+	if t.Failed() {
+		t.Logf("cube log:\n%s", n.logTail())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

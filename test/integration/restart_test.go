@@ -243,4 +243,3 @@ func copyBinary(t *testing.T, src, dst string) string {
 	}
 	return dst
 }
-

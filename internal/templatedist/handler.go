@@ -1,0 +1,114 @@
+// Package templatedist ships templates from the server's registry to nodes
+// that lack them: an HTTP handler on the server serves each template's
+// metadata and an uncompressed tar stream of its rootfs, labelled with the
+// template's sha256 digest; a Fetcher on the node streams that tar into the
+// node's registry, which registers it only when the imported rootfs has the
+// same digest. Source tells the scheduler which templates the server can ship.
+package templatedist
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/cube-dev/cube/internal/cluster"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/template"
+)
+
+// DigestHeader carries the template digest on a rootfs.tar response.
+const DigestHeader = "X-Cube-Template-Digest"
+
+// KeyVerifier checks an API key (the control-plane store implements it).
+type KeyVerifier interface {
+	// VerifyKey returns the key's id, or an error wrapping
+	// errdefs.ErrUnauthenticated.
+	VerifyKey(ctx context.Context, plaintext string) (string, error)
+}
+
+// Handler serves the templates in reg to holders of an API key (X-API-Key
+// or Authorization: Bearer):
+//
+//	GET /templates/{name}            JSON {name, digest, cpuCount, memoryMB, diskSizeMB}
+//	GET /templates/{name}/rootfs.tar the rootfs as a tar stream (see template.WriteTar),
+//	                                 with header X-Cube-Template-Digest
+//
+// The registry is read on every request, so templates registered on the
+// server after start are served at once.
+func Handler(reg *template.Registry, keys KeyVerifier) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /templates/{name}", func(w http.ResponseWriter, r *http.Request) {
+		t, err := reg.Get(r.Context(), r.PathValue("name"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(refOf(t))
+	})
+	mux.HandleFunc("GET /templates/{name}/rootfs.tar", func(w http.ResponseWriter, r *http.Request) {
+		t, err := reg.Get(r.Context(), r.PathValue("name"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Header().Set(DigestHeader, t.Digest)
+		if r.Method == http.MethodHead {
+			return
+		}
+		bw := bufio.NewWriterSize(w, 256<<10)
+		if err := template.WriteTar(r.Context(), t.RootfsPath, bw); err != nil {
+			// The status is sent; cut the connection so the client sees a
+			// truncated stream instead of a short one that looks complete.
+			panic(http.ErrAbortHandler)
+		}
+		if err := bw.Flush(); err != nil {
+			panic(http.ErrAbortHandler)
+		}
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if v, ok := cutPrefixFold(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = strings.TrimSpace(v)
+			}
+		}
+		if key == "" {
+			writeErr(w, fmt.Errorf("missing API key: send it in the X-API-Key header: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		if _, err := keys.VerifyKey(r.Context(), key); err != nil {
+			writeErr(w, err)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// refOf is the metadata the server publishes for a template.
+func refOf(t template.Template) cluster.TemplateRef {
+	return cluster.TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}
+}
+
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	status := errdefs.HTTPStatus(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(apiError{Code: status, Message: err.Error()})
+}
+
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
+		return s[len(prefix):], true
+	}
+	return "", false
+}
