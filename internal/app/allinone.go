@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cube-dev/cube/internal/api"
@@ -65,7 +66,17 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	}
 
 	cfg.Network.RunDir = cfg.RunDir
+	// The master is built after the node; dead sandboxes the node reaps are
+	// forgotten by it once it exists.
+	var lifecycle atomic.Pointer[master.Master]
 	node, err := cubelet.New(ctx, cubelet.Config{
+		OnReaped: func(id string) {
+			if m := lifecycle.Load(); m != nil {
+				if err := m.Forget(context.Background(), id); err != nil {
+					log.Warn("forget reaped sandbox", "sandbox", id, "err", err)
+				}
+			}
+		},
 		StateDir:     filepath.Join(cfg.DataDir, "node"),
 		Exe:          cfg.Exe,
 		EnvdPath:     cfg.EnvdPath,
@@ -93,6 +104,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	m := master.New(st, localNode{Cubelet: node, templates: templates}, master.Config{
 		Domain: cfg.Domain, Logger: log.With("role", "cubemaster"),
 	})
+	lifecycle.Store(m)
 	if err := m.Restore(ctx); err != nil {
 		return fmt.Errorf("restore sandboxes: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
@@ -39,6 +40,13 @@ type Config struct {
 	// NoDiskLimit leaves the writable layer unlimited instead of putting it
 	// on a per-sandbox filesystem of the template's disk size.
 	NoDiskLimit bool
+	// OnReaped is told about each sandbox found dead (its supervisor gone)
+	// and removed while the cubelet runs; the all-in-one server forgets it.
+	// In cluster mode the next heartbeat carries the news instead.
+	OnReaped func(id string) `json:"-"`
+	// MaintainInterval is how often dead sandboxes are looked for
+	// (default DefaultMaintainInterval; negative disables).
+	MaintainInterval time.Duration
 	// PoolSize is how many pre-provisioned slots the warm pool keeps
 	// (0 disables it: every create is cold).
 	PoolSize int
@@ -108,10 +116,16 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		c.Close()
 		return nil, fmt.Errorf("reconcile node: %w", err)
 	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.stopPool = cancel
 	if cfg.PoolSize > 0 {
-		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c.stopPool = cancel
-		go c.runPool(pctx)
+		go c.runPool(bg)
+	}
+	if cfg.MaintainInterval == 0 {
+		cfg.MaintainInterval = DefaultMaintainInterval
+	}
+	if cfg.MaintainInterval > 0 {
+		go c.maintain(bg, cfg.MaintainInterval)
 	}
 	return c, nil
 }

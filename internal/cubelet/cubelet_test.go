@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
 )
 
 func createReq(id string) CreateRequest {
@@ -259,4 +261,35 @@ func TestWarmPool(t *testing.T) {
 	if recs, _, _ := c.store.List(); len(recs) != 0 {
 		t.Fatalf("records left after DestroyNetwork: %+v", recs)
 	}
+}
+
+// TestDeadSandboxIsReapedAndReported: a sandbox whose supervisor dies while
+// the cubelet runs is removed and reported, not silently kept.
+func TestDeadSandboxIsReapedAndReported(t *testing.T) {
+	n := newTestNode(t)
+	reported := make(chan string, 1)
+	n.cfg.OnReaped = func(id string) { reported <- id }
+	n.cfg.MaintainInterval = 100 * time.Millisecond
+	c := n.start(t)
+	ctx := context.Background()
+	if _, err := c.CreateSandbox(ctx, createReq("doomed")); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := nsrt.Attach(ctx, c.sandboxDir("doomed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(sb.ShimPID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	sb.Close()
+	select {
+	case id := <-reported:
+		if id != "doomed" {
+			t.Fatalf("reported %s", id)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("dead sandbox not reaped")
+	}
+	assertClean(t, c)
 }

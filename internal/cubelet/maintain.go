@@ -1,0 +1,65 @@
+package cubelet
+
+import (
+	"context"
+	"time"
+
+	"github.com/cube-dev/cube/internal/nodestore"
+)
+
+// DefaultMaintainInterval is how often a running cubelet looks for
+// sandboxes whose supervisor died.
+const DefaultMaintainInterval = 15 * time.Second
+
+// maintain runs reapDead every interval until ctx ends. Orphan sweeping
+// stays a start-up (Reconcile) and operator (`cube node gc`) job: while the
+// cubelet serves, every kernel object it makes has a record first, so
+// nothing new can become an orphan without a crash.
+func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.reapDead(ctx)
+		}
+	}
+}
+
+// reapDead tears down running sandboxes whose shim is gone (the sandbox
+// died or was killed from outside) and reports each through OnReaped, so
+// the control plane forgets it instead of listing a dead sandbox. It
+// returns the ids it reaped.
+func (c *Cubelet) reapDead(ctx context.Context) []string {
+	recs, _, err := c.store.List()
+	if err != nil {
+		c.log.Warn("list records for liveness check", "err", err)
+		return nil
+	}
+	var reaped []string
+	for _, r := range recs {
+		if r.State != nodestore.StateRunning || c.shimAlive(ctx, r.ID) {
+			continue
+		}
+		unlock := c.lock(r.ID)
+		cur, err := c.store.Get(r.ID)
+		if err != nil || cur.State != nodestore.StateRunning || c.shimAlive(ctx, r.ID) {
+			unlock() // changed meanwhile (killed, or a false alarm)
+			continue
+		}
+		c.log.Warn("sandbox died: its supervisor is gone; removing it", "sandbox", r.ID)
+		err = c.teardown(ctx, cur)
+		unlock()
+		if err != nil {
+			c.log.Warn("reap dead sandbox", "sandbox", r.ID, "err", err)
+			continue
+		}
+		reaped = append(reaped, r.ID)
+		if c.cfg.OnReaped != nil {
+			c.cfg.OnReaped(r.ID)
+		}
+	}
+	return reaped
+}
