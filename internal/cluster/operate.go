@@ -196,6 +196,11 @@ func (r *Registry) driveDrains(ctx context.Context) {
 	r.mu.Unlock()
 	for _, j := range jobs {
 		phase := r.drainPhase(j.drain)
+		r.mu.Lock()
+		if n, ok := r.nodes[j.id]; ok && n.phase != "done" {
+			n.phase = phase // visible while the kills below run
+		}
+		r.mu.Unlock()
 		if phase == "killing" && life != nil {
 			all, err := r.index.AllSandboxes(ctx)
 			if err != nil {

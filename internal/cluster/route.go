@@ -128,6 +128,11 @@ func (r *Registry) liveClient(ctx context.Context, sandboxID string) (*node, *no
 // forgotten now and removed by the node's reconcile when it comes back
 // (its heartbeat returns it in the kill list).
 func (r *Registry) KillSandbox(ctx context.Context, id string) error {
+	// Not recent any more: whatever the node reports for it from now on is
+	// a leftover to remove (also when the node is Down and reports later).
+	r.mu.Lock()
+	delete(r.recent, id)
+	r.mu.Unlock()
 	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
 		if n != nil {
@@ -138,9 +143,6 @@ func (r *Registry) KillSandbox(ctx context.Context, id string) error {
 	if err := cl.KillSandbox(ctx, id); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	delete(r.recent, id)
-	r.mu.Unlock()
 	return r.recount(ctx)
 }
 

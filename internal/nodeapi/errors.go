@@ -7,6 +7,7 @@ package nodeapi
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -54,7 +55,9 @@ func FromConnect(err error) error {
 	}
 	for _, c := range codeOf {
 		if ce.Code() == c.code {
-			return fmt.Errorf("%s: %w", ce.Message(), c.kind)
+			// The remote message usually ends with the kind already.
+			msg := strings.TrimSuffix(ce.Message(), ": "+c.kind.Error())
+			return fmt.Errorf("%s: %w", msg, c.kind)
 		}
 	}
 	if ce.Code() == connect.CodeDeadlineExceeded || ce.Code() == connect.CodeCanceled {
