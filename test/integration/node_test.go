@@ -99,7 +99,9 @@ func (n *node) start() time.Duration {
 	n.t.Helper()
 	port := n.freePort()
 	n.listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "info"}, n.flags()...)
+	// No warm pool: these tests plant orphans on the next IP the allocator
+	// hands out, which a pool would already hold.
+	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "info", "--pool-size", "0"}, n.flags()...)
 	args = append(args, n.extra...)
 	logf, err := os.OpenFile(filepath.Join(n.dir, "cube.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
