@@ -46,8 +46,9 @@ unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups).
 	$(GO_TEST) -timeout 20m ./...
 
 .PHONY: e2e
-e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`.
+e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then against server + 2 cubelets.
 	bash test/e2e/run.sh $(BIN)/cube
+	CUBE_E2E_MODE=cluster bash test/e2e/run.sh $(BIN)/cube
 
 .PHONY: test
 test: deps build vet check-generate unit e2e ## Everything CI runs.

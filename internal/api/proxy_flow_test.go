@@ -111,3 +111,43 @@ func TestH2CListener(t *testing.T) {
 		t.Fatalf("h2c: %d %s", res.StatusCode, res.Proto)
 	}
 }
+
+// TestTrafficAccessToken: with network.allowPublicTraffic=false the create
+// returns a traffic access token, and non-envd ports answer only requests
+// carrying it; envd's port keeps its own token scheme.
+func TestTrafficAccessToken(t *testing.T) {
+	e := newEnv(t)
+	var sb struct {
+		SandboxID          string  `json:"sandboxID"`
+		TrafficAccessToken *string `json:"trafficAccessToken"`
+	}
+	r := e.do("POST", "/v2/sandboxes", `{"templateID":"base","network":{"allowPublicTraffic":false}}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	r.json(t, &sb)
+	if sb.TrafficAccessToken == nil || len(*sb.TrafficAccessToken) < 32 {
+		t.Fatalf("no traffic access token: %s", r.body)
+	}
+	if r := e.do("GET", "/whoami", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080"); r.status != http.StatusForbidden || r.errCode(t) != 403 {
+		t.Fatalf("without token: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/whoami", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080", "E2b-Traffic-Access-Token", "wrong"); r.status != http.StatusForbidden {
+		t.Fatalf("wrong token: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/whoami", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080", "E2b-Traffic-Access-Token", *sb.TrafficAccessToken); r.status != 200 {
+		t.Fatalf("with token: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/whoami", "", "E2b-Sandbox-Id", sb.SandboxID); r.status != 200 {
+		t.Fatalf("envd port needs no traffic token: %d %s", r.status, r.body)
+	}
+	// Public sandboxes: null token, any port open.
+	r = e.do("POST", "/v2/sandboxes", `{"templateID":"base"}`)
+	r.json(t, &sb)
+	if sb.TrafficAccessToken != nil {
+		t.Fatalf("public sandbox got a traffic token: %s", r.body)
+	}
+	if r := e.do("GET", "/whoami", "", "E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "8080"); r.status != 200 {
+		t.Fatalf("public port: %d %s", r.status, r.body)
+	}
+}

@@ -18,6 +18,8 @@ type sandboxJSON struct {
 	EnvdVersion     string  `json:"envdVersion"`
 	EnvdAccessToken string  `json:"envdAccessToken,omitempty"`
 	Domain          *string `json:"domain"`
+	// TrafficAccessToken guards non-envd ports when public traffic is off.
+	TrafficAccessToken *string `json:"trafficAccessToken"`
 }
 
 // listedJSON is the E2B `ListedSandbox` object.
@@ -83,7 +85,16 @@ func (s *server) toSandbox(sb store.Sandbox) sandboxJSON {
 	return sandboxJSON{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: alias(sb), ClientID: ClientID,
 		EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken, Domain: s.domain(),
+		TrafficAccessToken: optional(sb.TrafficAccessToken),
 	}
+}
+
+// optional is nil (JSON null) for "".
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func toListed(sb store.Sandbox) listedJSON {

@@ -123,6 +123,7 @@ func (m *Master) recordCreated(ctx context.Context, p CreateParams, tpl Template
 		StartedAt: started.UTC(), EndAt: now.Add(timeout).UTC(), State: store.StateRunning,
 		CPUCount: orDefault(live.CPUCount, tpl.CPUCount), MemoryMB: orDefault(live.MemoryMB, tpl.MemoryMB),
 		DiskSizeMB: orDefault(live.DiskSizeMB, tpl.DiskSizeMB), EnvdVersion: live.EnvdVersion, EnvdAccessToken: token,
+		TrafficAccessToken:  trafficToken(p.Network),
 		AllowInternetAccess: p.AllowInternetAccess, Network: network,
 		Lifecycle: store.Lifecycle{OnTimeout: onTimeout, AutoResume: p.AutoResume, KeepMemory: p.AutoPauseMemory},
 	}
@@ -210,4 +211,17 @@ func nodeIDOf(live cubelet.Sandbox, def string) string {
 		return live.NodeID
 	}
 	return def
+}
+
+// trafficToken is a fresh traffic access token when the create disabled
+// public traffic, else "".
+func trafficToken(n *Network) string {
+	if !wantsTrafficToken(n) {
+		return ""
+	}
+	t, err := newAccessToken()
+	if err != nil {
+		return ""
+	}
+	return t
 }

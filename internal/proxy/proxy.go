@@ -23,6 +23,16 @@ const (
 	HeaderSandboxPort = "E2b-Sandbox-Port"
 )
 
+// HeaderTrafficToken carries a sandbox's traffic access token on non-envd
+// ports when its public traffic is disabled (E2B network.allowPublicTraffic).
+const HeaderTrafficToken = "E2b-Traffic-Access-Token"
+
+// TrafficAuthorizer is implemented by resolvers that guard non-envd ports
+// with a per-sandbox traffic access token.
+type TrafficAuthorizer interface {
+	AuthorizeTraffic(ctx context.Context, id string, port uint16, token string) error
+}
+
 // Resolver returns the "ip:port" to dial for a sandbox's guest port; it
 // fails when the sandbox is unknown or not running.
 type Resolver interface {
@@ -115,6 +125,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		p.next.ServeHTTP(w, r)
 		return
+	}
+	if port != EnvdPort {
+		if ta, ok := p.resolver.(TrafficAuthorizer); ok {
+			if err := ta.AuthorizeTraffic(r.Context(), id, port, r.Header.Get(HeaderTrafficToken)); err != nil {
+				writeError(w, http.StatusForbidden, fmt.Sprintf("sandbox %s port %d: %s header missing or wrong (public traffic is disabled)", id, port, HeaderTrafficToken))
+				return
+			}
+		}
 	}
 	addr, err := p.resolve(r.Context(), id, port)
 	if err != nil {

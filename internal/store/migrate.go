@@ -58,6 +58,9 @@ var migrations = []string{
 		data       TEXT NOT NULL,
 		updated_at BIGINT NOT NULL
 	);`,
+	// 3: the traffic access token required on non-envd ports when a
+	// sandbox's public traffic is disabled ('' = public).
+	`ALTER TABLE sandboxes ADD COLUMN traffic_access_token TEXT NOT NULL DEFAULT '';`,
 }
 
 // LatestSchemaVersion is the schema version this binary writes.

@@ -12,7 +12,7 @@ import (
 )
 
 const sandboxColumns = `id, template_id, alias, node_id, metadata, env_vars, started_at, end_at, state,
-	cpu_count, memory_mb, disk_size_mb, envd_version, envd_access_token, allow_internet_access, network, lifecycle`
+	cpu_count, memory_mb, disk_size_mb, envd_version, envd_access_token, allow_internet_access, network, lifecycle, traffic_access_token`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
@@ -26,7 +26,7 @@ func scanSandbox(r rowScanner) (Sandbox, error) {
 		network              sql.NullString
 	)
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &sb.NodeID, &meta, &env, &started, &end, &state,
-		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &sb.EnvdVersion, &sb.EnvdAccessToken, &allow, &network, &lifecycle)
+		&sb.CPUCount, &sb.MemoryMB, &sb.DiskSizeMB, &sb.EnvdVersion, &sb.EnvdAccessToken, &allow, &network, &lifecycle, &sb.TrafficAccessToken)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -94,9 +94,9 @@ func (s *sqlStore) CreateSandbox(ctx context.Context, sb Sandbox) (err error) {
 	// ON CONFLICT DO NOTHING instead of SELECT-then-INSERT: with two server
 	// replicas on PostgreSQL the loser of a race sees zero rows, not an error.
 	res, err := tx.ExecContext(ctx, s.d.bind(`INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`),
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`),
 		sb.ID, sb.TemplateID, sb.Alias, sb.NodeID, metaText, envText, toNanos(sb.StartedAt), toNanos(sb.EndAt), string(sb.State),
-		sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, sb.EnvdVersion, sb.EnvdAccessToken, sb.AllowInternetAccess, network, lcText)
+		sb.CPUCount, sb.MemoryMB, sb.DiskSizeMB, sb.EnvdVersion, sb.EnvdAccessToken, sb.AllowInternetAccess, network, lcText, sb.TrafficAccessToken)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}

@@ -34,20 +34,23 @@ type Lifecycle struct {
 
 // Sandbox is one sandbox record.
 type Sandbox struct {
-	ID                  string
-	TemplateID          string
-	Alias               string
-	NodeID              string
-	Metadata            map[string]string
-	EnvVars             map[string]string
-	StartedAt           time.Time
-	EndAt               time.Time
-	State               State
-	CPUCount            int
-	MemoryMB            int
-	DiskSizeMB          int
-	EnvdVersion         string
-	EnvdAccessToken     string
+	ID              string
+	TemplateID      string
+	Alias           string
+	NodeID          string
+	Metadata        map[string]string
+	EnvVars         map[string]string
+	StartedAt       time.Time
+	EndAt           time.Time
+	State           State
+	CPUCount        int
+	MemoryMB        int
+	DiskSizeMB      int
+	EnvdVersion     string
+	EnvdAccessToken string
+	// TrafficAccessToken must accompany requests to non-envd ports when the
+	// sandbox's public traffic is disabled ("" = public).
+	TrafficAccessToken  string
 	AllowInternetAccess *bool
 	// Network is the client's network configuration, stored verbatim as JSON
 	// (nil when none was given).
