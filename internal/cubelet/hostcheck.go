@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cubevs"
 )
 
 // Check is the outcome of one preflight check of the host.
@@ -75,32 +75,7 @@ func hostNetNS(cfg Config) (netns.NsHandle, error) {
 
 // inHostNS runs fn on an OS thread switched into ns, so per-netns files
 // under /proc/thread-self/net and /proc/sys/net show the host's view.
-func inHostNS(ns netns.NsHandle, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter host netns: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, err) // thread stays locked and is discarded
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+func inHostNS(ns netns.NsHandle, fn func() error) error { return cubevs.InNetNS(ns, fn) }
 
 func checkNftables() error {
 	c, err := nftables.New()

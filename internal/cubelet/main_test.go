@@ -17,6 +17,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/rootfstest"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -125,26 +126,7 @@ func (n *node) destroy(t *testing.T) {
 	}
 }
 
-func busyboxRootfs(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "rootfs")
-	for _, d := range []string{"bin", "etc", "tmp", "root"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Skipf("busybox-static not installed: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, app := range []string{"sh", "sleep", "cat", "echo", "ls", "hostname", "id", "bash"} {
-		os.Symlink("busybox", filepath.Join(dir, "bin", app))
-	}
-	return dir
-}
+func busyboxRootfs(t *testing.T) string { return rootfstest.Busybox(t) }
 
 func (n *node) start(t *testing.T) *Cubelet {
 	t.Helper()

@@ -99,8 +99,11 @@ func unpinNetNS(path string) error {
 	return nil
 }
 
-// inNetNS runs fn on an OS thread switched into ns. Use it only for what
-// must be done from inside a namespace (per-netns /proc/sys files).
+// InNetNS runs fn on an OS thread switched into ns and switches back; a
+// thread that cannot switch back is discarded. Use it only for what must be
+// done from inside a namespace (per-netns /proc files, sysctls).
+func InNetNS(ns netns.NsHandle, fn func() error) error { return inNetNS(ns, fn) }
+
 func inNetNS(ns netns.NsHandle, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {

@@ -27,6 +27,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/rootfstest"
 )
 
 var binDir string
@@ -308,19 +309,4 @@ func (c *cluster) cube(args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-func busyboxRootfs(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "rootfs")
-	for _, d := range []string{"bin", "etc", "tmp", "root"} {
-		os.MkdirAll(filepath.Join(dir, d), 0o755)
-	}
-	data, err := os.ReadFile("/bin/busybox")
-	if err != nil {
-		t.Fatalf("busybox-static is required (make deps): %v", err)
-	}
-	os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755)
-	for _, app := range []string{"sh", "sleep", "cat", "echo"} {
-		os.Symlink("busybox", filepath.Join(dir, "bin", app))
-	}
-	return dir
-}
+func busyboxRootfs(t *testing.T) string { return rootfstest.Busybox(t) }
