@@ -18,6 +18,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -34,6 +35,7 @@ type Dataplane struct {
 
 	hostNS, dpNS netns.NsHandle
 	host, dp     *netlink.Handle
+	nft          *nftables.Conn // long-lived, into dpNS; see dpConn
 }
 
 // Open creates or adopts the dataplane described by cfg: the pinned netns,
@@ -125,6 +127,7 @@ func (d *Dataplane) Close() error {
 }
 
 func (d *Dataplane) closeLocked() {
+	d.dropNFT()
 	if d.host != nil {
 		d.host.Close()
 		d.host = nil
@@ -172,6 +175,7 @@ func (d *Dataplane) Destroy(ctx context.Context) error {
 	} else if err := deleteTableIfExists(c, d.table()); err != nil {
 		errs = append(errs, err)
 	}
+	d.dropNFT()
 	if links, err := d.dp.LinkList(); err != nil {
 		errs = append(errs, fmt.Errorf("list dataplane links: %w", err))
 	} else {

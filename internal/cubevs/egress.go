@@ -43,7 +43,7 @@ var (
 // refreshed at the same time. The policy takes effect for new connections
 // at once; ip is the sandbox address (anything else from its link is
 // dropped, so a sandbox cannot borrow another's address or policy).
-func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, p EgressPolicy) error {
+func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, p EgressPolicy) (err error) {
 	if err := d.cfg.validOwner(owner); err != nil {
 		return err
 	}
@@ -69,6 +69,7 @@ func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, 
 	if err != nil {
 		return err
 	}
+	defer d.settleNFT(&err)
 	if err := d.fillAddrSets(c, hostAddrs, resolvers()); err != nil {
 		return err
 	}
@@ -122,11 +123,12 @@ func (d *Dataplane) egressRules(ip netip.Addr, p EgressPolicy) [][]expr.Any {
 
 // removeOwnerNFT deletes, in one transaction, owner's port mappings, its
 // verdict map entry and its egress chain. Absent pieces are fine.
-func (d *Dataplane) removeOwnerNFT(owner string) error {
+func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
 	c, err := d.dpConn()
 	if err != nil {
 		return err
 	}
+	defer d.settleNFT(&err)
 	var errs []error
 	queue := func(set *nftables.Set, match func(nftables.SetElement) bool) {
 		elems, err := c.GetSetElements(set)
@@ -167,7 +169,7 @@ func (d *Dataplane) removeOwnerNFT(owner string) error {
 
 // EgressOwners lists the owners whose egress chain is installed, read from
 // the kernel in one dump (reconcile re-applies policy only where missing).
-func (d *Dataplane) EgressOwners(ctx context.Context) (map[string]bool, error) {
+func (d *Dataplane) EgressOwners(ctx context.Context) (_ map[string]bool, err error) {
 	unlock, err := d.lock(ctx)
 	if err != nil {
 		return nil, err
@@ -177,6 +179,7 @@ func (d *Dataplane) EgressOwners(ctx context.Context) (map[string]bool, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer d.settleNFT(&err)
 	chains, err := c.ListChainsOfTableFamily(d.table().Family)
 	if err != nil {
 		return nil, fmt.Errorf("list egress chains: %w", err)

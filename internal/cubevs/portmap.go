@@ -26,7 +26,7 @@ type Mapping struct {
 // mapped: same owner and target is a no-op, same owner with another target
 // replaces it, another owner is an error wrapping errdefs.ErrConflict that
 // names both owners.
-func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) error {
+func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 	if err := d.cfg.validOwner(m.Owner); err != nil {
 		return err
 	}
@@ -52,6 +52,7 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) error {
 	if err != nil {
 		return err
 	}
+	defer d.settleNFT(&err)
 	set := d.portmapSet()
 	elems, err := c.GetSetElements(set)
 	if err != nil {
@@ -93,7 +94,7 @@ func (d *Dataplane) RemoveMapping(ctx context.Context, hostPort uint16) error {
 }
 
 // Mappings reads the port map back from the kernel, sorted by host port.
-func (d *Dataplane) Mappings(ctx context.Context) ([]Mapping, error) {
+func (d *Dataplane) Mappings(ctx context.Context) (_ []Mapping, err error) {
 	unlock, err := d.lock(ctx)
 	if err != nil {
 		return nil, err
@@ -103,6 +104,7 @@ func (d *Dataplane) Mappings(ctx context.Context) ([]Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer d.settleNFT(&err)
 	elems, err := c.GetSetElements(d.portmapSet())
 	if err != nil {
 		return nil, fmt.Errorf("read port map: %w", err)
@@ -118,11 +120,12 @@ func (d *Dataplane) Mappings(ctx context.Context) ([]Mapping, error) {
 }
 
 // deleteMappings removes, in one transaction, the elements matching del.
-func (d *Dataplane) deleteMappings(del func(Mapping) bool) error {
+func (d *Dataplane) deleteMappings(del func(Mapping) bool) (err error) {
 	c, err := d.dpConn()
 	if err != nil {
 		return err
 	}
+	defer d.settleNFT(&err)
 	set := d.portmapSet()
 	elems, err := c.GetSetElements(set)
 	if err != nil {

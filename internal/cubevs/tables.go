@@ -105,11 +105,12 @@ func (d *Dataplane) ensureHostTable() error {
 
 // ensureDPTable creates the dataplane table's maps and sets if missing and
 // refills its base chains, keeping mappings and per-sandbox chains.
-func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) error {
+func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) (err error) {
 	c, err := d.dpConn()
 	if err != nil {
 		return err
 	}
+	defer d.settleNFT(&err)
 	t := c.AddTable(d.table())
 	portmap, sandboxes := d.portmapSet(), d.sandboxesSet()
 	for _, s := range []*nftables.Set{portmap, sandboxes} {
@@ -179,7 +180,37 @@ func (d *Dataplane) fillAddrSets(c *nftables.Conn, hostAddrs, dns []netip.Addr) 
 	return nil
 }
 
-func (d *Dataplane) dpConn() (*nftables.Conn, error) { return nftablesIn(d.dpNS) }
+// dpConn returns the dataplane's long-lived nftables connection: one
+// netlink socket reused by every operation (opening and closing one per
+// operation cost ~8 ms per create and ~28 ms per kill). Callers hold d.mu
+// through d.lock (or are Open) and defer settleNFT, so a failed operation
+// never leaves queued messages for the next one to send.
+func (d *Dataplane) dpConn() (*nftables.Conn, error) {
+	if d.nft != nil {
+		return d.nft, nil
+	}
+	c, err := nftables.New(nftables.WithNetNSFd(int(d.dpNS)), nftables.AsLasting())
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	d.nft = c
+	return c, nil
+}
+
+// settleNFT discards the long-lived connection after a failed operation;
+// the next operation opens a clean one.
+func (d *Dataplane) settleNFT(err *error) {
+	if *err != nil {
+		d.dropNFT()
+	}
+}
+
+func (d *Dataplane) dropNFT() {
+	if d.nft != nil {
+		d.nft.CloseLasting()
+		d.nft = nil
+	}
+}
 
 // deleteTableIfExists removes a table in the netns of c; absent is fine.
 func deleteTableIfExists(c *nftables.Conn, t *nftables.Table) error {
