@@ -24,6 +24,7 @@ func nodeVerbs() map[string]command {
 		"mapdump": {"list host-port mappings with their owners (owned, orphan, conflict)", runNodeMapdump},
 		"doctor":  {"report orphans, dead shims, bad records and preflight problems; exit 1 if any", runNodeDoctor},
 		"gc":      {"remove orphans and reap dead sandboxes (refused while cube runs on the node)", runNodeGC},
+		"cleanup": {"uninstall: kill every sandbox, remove the dataplane, cgroups and (--purge-state) node state", runNodeCleanup},
 		// Cluster verbs talk to a server (--server URL --api-key KEY).
 		"ls":       {"list the server's nodes with state, version and load (--json)", nodeAdmin("ls")},
 		"isolate":  {"stop scheduling onto a node (its sandboxes keep running)", nodeAdmin("isolate")},
@@ -269,5 +270,24 @@ func runNodeGC(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "gc: %d removed, %d reaped, %d kept (%d records rebuilt), %d mappings repaired\n",
 		len(rep.Orphans), len(rep.Reaped), len(rep.Adopted), len(rep.Rebuilt), rep.Repaired)
+	return nil
+}
+
+func runNodeCleanup(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var purge *bool
+	cfg, err := parseNodeFlags("cleanup", args, stderr, func(fs *flag.FlagSet) {
+		purge = fs.Bool("purge-state", false, "also remove the node state dir (<data-dir>/node)")
+	})
+	if err != nil {
+		return err
+	}
+	rep, err := cubelet.Cleanup(ctx, cfg, *purge)
+	for _, id := range rep.Sandboxes {
+		fmt.Fprintf(stdout, "killed sandbox %s\n", id)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "cleanup: %d sandboxes killed, dataplane removed: %v, state removed: %v\n", len(rep.Sandboxes), rep.Dataplane, rep.StateDir)
 	return nil
 }

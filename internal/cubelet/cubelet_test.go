@@ -293,3 +293,36 @@ func TestDeadSandboxIsReapedAndReported(t *testing.T) {
 	}
 	assertClean(t, c)
 }
+
+// TestCleanupForUninstall: `cube node cleanup` kills every sandbox, drops the
+// pool and removes the dataplane, cgroups and state; it refuses while a
+// cubelet runs.
+func TestCleanupForUninstall(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 1
+	c := n.start(t)
+	ctx := context.Background()
+	if _, err := c.CreateSandbox(ctx, createReq("leftover")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cleanup(ctx, n.cfg, true); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("cleanup while the cubelet runs: %v", err)
+	}
+	c.Close()
+	rep, err := Cleanup(ctx, n.cfg, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Sandboxes) != 1 || !rep.Dataplane || !rep.StateDir {
+		t.Fatalf("report %+v", rep)
+	}
+	if _, err := os.Stat(n.cfg.StateDir); !os.IsNotExist(err) {
+		t.Fatalf("state dir left: %v", err)
+	}
+	if _, err := cubevs.OpenExisting(ctx, n.cfg.Network); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("dataplane left: %v", err)
+	}
+	if ids, _ := cgroup.List(n.cfg.CgroupParent); len(ids) != 0 {
+		t.Fatalf("cgroups left: %v", ids)
+	}
+}
