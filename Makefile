@@ -42,8 +42,12 @@ vet: ## go vet every package.
 	go vet ./...
 
 .PHONY: unit
-unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups).
-	$(GO_TEST) -timeout 20m ./...
+unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups; envtest kube-apiserver).
+	KUBEBUILDER_ASSETS="$$(bash hack/kube-test-assets.sh)" $(GO_TEST) -timeout 30m ./...
+
+.PHONY: kube-assets
+kube-assets: ## Build kube-apiserver and etcd for envtest from the Go module proxy (cached by version; 6-13 min cold).
+	@bash hack/kube-test-assets.sh
 
 .PHONY: e2e
 e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then against server + 2 cubelets.

@@ -7,7 +7,7 @@
 # No prebuilt binaries are downloaded: both are compiled from source modules (kube-apiserver from
 # k8s.io/kubernetes with every k8s.io staging module replaced by its published v0 version).
 # The result is cached in ${CUBE_CACHE_DIR:-/var/cache/cube}/kube/<version>/, keyed by version, so a
-# rerun only checks that the binaries are there. Cold build on 2 cores: ~14 min (see docs/kubernetes.md).
+# rerun only checks that the binaries are there. Cold build on 2 cores: 6-13 min, ~2.4 GB (docs/kubernetes.md).
 # Quiet unless failing: the build log is printed only when a step fails.
 #
 # Environment: KUBE_VERSION (v1.37.2), ETCD_VERSION (v3.7.3), KUBE_ASSETS_TIMEOUT (build bound, 45m).
@@ -40,6 +40,7 @@ if have_assets; then # another run finished while this one waited
 	exit 0
 fi
 
+rm -rf "$CACHE/.build-$KUBE_VERSION".* # left by a run that was killed (we hold the lock)
 WORK="$(mktemp -d "$CACHE/.build-$KUBE_VERSION.XXXXXX")"
 LOG="$WORK/build.log"
 trap 'rm -rf "$WORK"' EXIT
@@ -74,7 +75,7 @@ fi
 if [[ ! -x "$OUT/kube-apiserver" ]]; then
 	mkdir -p "$WORK/kube"
 	step "fetch k8s.io/kubernetes $KUBE_VERSION go.mod" bash -c \
-		"cd '$WORK/kube' && go mod download -json k8s.io/kubernetes@$KUBE_VERSION >'$WORK/kube/module.json'"
+		"cd '$WORK/kube' && go mod download -json k8s.io/kubernetes@$KUBE_VERSION >'$WORK/kube/module.json' || { cat '$WORK/kube/module.json'; exit 1; }"
 	gomod="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' "$WORK/kube/module.json")"
 	[[ -f "$gomod" ]] || { echo "kube-test-assets: no go.mod for k8s.io/kubernetes@$KUBE_VERSION" >&2; exit 1; }
 	mapfile -t staging < <(grep -oE '^[[:space:]]*k8s\.io/[a-zA-Z0-9._/-]+[[:space:]]+=>[[:space:]]+\./staging' "$gomod" |
@@ -89,8 +90,15 @@ if [[ ! -x "$OUT/kube-apiserver" ]]; then
 	} >"$WORK/kube/go.mod"
 	step "resolve kube-apiserver $KUBE_VERSION" bash -c \
 		"cd '$WORK/kube' && go get k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION"
+	# Stamp the version as Kubernetes' own build does, so /version says v1.37.2, not v0.0.0-master.
+	minor="${KUBE_VERSION#v1.}"
+	minor="${minor%%.*}"
+	ldflags="-s -w"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
 	step "build kube-apiserver" bash -c \
-		"cd '$WORK/kube' && go build -trimpath -ldflags='-s -w' -o '$WORK/bin/kube-apiserver' k8s.io/kubernetes/cmd/kube-apiserver"
+		"cd '$WORK/kube' && go build -trimpath -ldflags='$ldflags' -o '$WORK/bin/kube-apiserver' k8s.io/kubernetes/cmd/kube-apiserver"
 fi
 
 mkdir -p "$OUT"

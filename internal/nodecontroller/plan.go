@@ -40,13 +40,31 @@ const (
 	actForceDelete action = "force-delete"
 )
 
+// reason is the Event reason recorded when the action succeeded.
+func (a action) reason() string {
+	switch a {
+	case actIsolate:
+		return "CubeIsolated"
+	case actUncordon:
+		return "CubeUncordoned"
+	case actDrain:
+		return "CubeDrainStarted"
+	case actDelete:
+		return "CubeNodeDeleted"
+	case actForceDelete:
+		return "CubeNodeForceDeleted"
+	}
+	return "CubeUpdated"
+}
+
 // want is what a Node asks of its Cube node.
 type want struct {
 	Deleting      bool
 	Unschedulable bool
 	Force         bool
-	Drain         *drainSpec // nil: no drain annotation
-	Problem       string     // an annotation that could not be parsed
+	Drain         *drainSpec    // nil: no drain annotation
+	Grace         time.Duration // drain-grace annotation, else the default
+	Problem       string        // an annotation that could not be parsed
 }
 
 type drainSpec struct {
@@ -54,24 +72,13 @@ type drainSpec struct {
 	Grace  time.Duration
 }
 
-// defaultDrain is used when a Node is deleted without a drain annotation.
-var defaultDrain = drainSpec{Policy: cluster.DrainKill, Grace: cluster.DefaultDrainGrace}
-
 // wantOf reads a Node's spec, deletion and annotations.
 func wantOf(n *corev1.Node) want {
 	w := want{
 		Deleting:      n.DeletionTimestamp != nil,
 		Unschedulable: n.Spec.Unschedulable,
 		Force:         n.Annotations[AnnotationForceDelete] == "true",
-	}
-	p, ok := n.Annotations[AnnotationDrain]
-	if !ok {
-		return w
-	}
-	d := drainSpec{Policy: cluster.DrainPolicy(strings.TrimSpace(p)), Grace: cluster.DefaultDrainGrace}
-	if d.Policy != cluster.DrainKill && d.Policy != cluster.DrainWait {
-		w.Problem = fmt.Sprintf("%s=%q: want kill or wait", AnnotationDrain, p)
-		return w
+		Grace:         cluster.DefaultDrainGrace,
 	}
 	if g, ok := n.Annotations[AnnotationDrainGrace]; ok {
 		dur, err := time.ParseDuration(strings.TrimSpace(g))
@@ -79,7 +86,16 @@ func wantOf(n *corev1.Node) want {
 			w.Problem = fmt.Sprintf("%s=%q: want a duration between 0s and %s", AnnotationDrainGrace, g, maxGrace)
 			return w
 		}
-		d.Grace = dur
+		w.Grace = dur
+	}
+	p, ok := n.Annotations[AnnotationDrain]
+	if !ok {
+		return w
+	}
+	d := drainSpec{Policy: cluster.DrainPolicy(strings.TrimSpace(p)), Grace: w.Grace}
+	if d.Policy != cluster.DrainKill && d.Policy != cluster.DrainWait {
+		w.Problem = fmt.Sprintf("%s=%q: want kill or wait", AnnotationDrain, p)
+		return w
 	}
 	w.Drain = &d
 	return w
@@ -100,8 +116,9 @@ type plan struct {
 //   - spec.unschedulable: isolate;
 //   - neither: uncordon (which also cancels a drain);
 //   - deletion with cube.dev/force-delete=true: force delete;
-//   - deletion otherwise: drain (annotation policy, else kill with the
-//     default grace), delete once the node holds no sandboxes.
+//   - deletion otherwise: drain (annotation policy, else kill; grace from
+//     cube.dev/drain-grace, else Cube's default), delete once the node
+//     holds no sandboxes.
 func decide(w want, found bool, st Status) plan {
 	if w.Deleting {
 		return decideDelete(w, found, st)
@@ -140,7 +157,9 @@ func decideDelete(w want, found bool, st Status) plan {
 		}
 		return plan{Actions: []action{actDelete}, RemoveFinalizer: true}
 	}
-	d := defaultDrain
+	// Without a drain annotation: kill after the grace period (drain-grace
+	// annotation, else Cube's default).
+	d := drainSpec{Policy: cluster.DrainKill, Grace: w.Grace}
 	if w.Drain != nil {
 		d = *w.Drain
 	}

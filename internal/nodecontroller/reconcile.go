@@ -77,8 +77,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			r.event(&node, corev1.EventTypeWarning, "CubeActionFailed", string(a), err.Error())
 			return reconcile.Result{}, err
 		}
-		log.Info("cube node updated", "action", string(a), "policy", string(p.Drain.Policy), "grace", p.Drain.Grace)
-		r.event(&node, corev1.EventTypeNormal, "Cube"+string(a), string(a), "cube node "+string(a))
+		if a == actDrain {
+			log.Info("cube node updated", "action", string(a), "policy", string(p.Drain.Policy), "grace", p.Drain.Grace)
+		} else {
+			log.Info("cube node updated", "action", string(a))
+		}
+		r.event(&node, corev1.EventTypeNormal, a.reason(), string(a), "cube node "+string(a))
 	}
 	if p.RemoveFinalizer {
 		return reconcile.Result{}, r.patch(ctx, &node, "", true)

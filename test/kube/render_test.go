@@ -165,7 +165,8 @@ func TestEveryObjectIsLabelledAndNamespaced(t *testing.T) {
 					t.Errorf("%s %s (%s) lacks label %s", o.Kind(), o.Name(), o.Template, l)
 				}
 			}
-			if dig(o.Doc, "metadata", "namespace") != "cube-system" {
+			clusterScoped := o.Kind() == "ClusterRole" || o.Kind() == "ClusterRoleBinding"
+			if !clusterScoped && dig(o.Doc, "metadata", "namespace") != "cube-system" {
 				t.Errorf("%s %s is not in the release namespace", o.Kind(), o.Name())
 			}
 		}

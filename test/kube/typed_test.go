@@ -32,6 +32,10 @@ func typedObject(kind string) (any, bool) {
 		return &rbacv1.Role{}, true
 	case "RoleBinding":
 		return &rbacv1.RoleBinding{}, true
+	case "ClusterRole":
+		return &rbacv1.ClusterRole{}, true
+	case "ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}, true
 	case "PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, true
 	case "Ingress":
