@@ -101,7 +101,11 @@ if [[ "$MODE" == cluster ]]; then
 			CGROUP_PARENTS+=("${c%/}/cube-e2e-$R-$n" "${c%/}/cube-e2e-$R-$n-shims")
 		done
 	done
-	ALLOWED_NETNS_PINS_RE="^dp-e2e-$R-[ab]\$"
+	# A stopped cubelet keeps its dataplane and its warm-pool slots (owned by
+	# the pool, not by a sandbox); `cube node cleanup` removes them after.
+	ALLOWED_NETNS_PINS_RE="^(dp-e2e-$R-[ab]|pool-[0-9a-f]+)\$"
+	SANDBOX_LINK_RE='^(cv|cs|cube-sb|vcube)[0-9a-z-]*$'
+	POOL_LINK_RE='^cvpool-'
 	LOG="$TMP/server.log"
 fi
 node_flags() { # node index -> cubelet dataplane and placement flags
@@ -196,15 +200,19 @@ stop_cluster() {
 	stop_cube
 }
 
-# purge_cluster removes both dataplanes (a cubelet leaves its dataplane in
-# place when it stops): host nft table and veth, the dataplane pin (its
-# netns, links and table go with it) and the cgroup parents, then checks that
-# nothing of them is left. rmdir refuses non-empty cgroups, so a leaked
-# sandbox cgroup is still reported.
+# purge_cluster removes what each stopped cubelet leaves in place on
+# purpose (its dataplane and warm-pool slots) with the uninstall tool,
+# `cube node cleanup`, then checks that nothing of them is left: host nft
+# table and veth, netns pins, cgroup parents.
 purge_cluster() {
 	local i n run dp veth c bad=0
 	for i in "${!NODES[@]}"; do
 		n="${NODES[$i]}" run="$TMP/run-$n" dp="dp-e2e-$R-$n" veth="ce$R$n"
+		# shellcheck disable=SC2046 # node_flags prints flags without spaces in values
+		if ! "$CUBE" node cleanup --purge-state $(node_flags "$i") >>"$TMP/cleanup-$n.log" 2>&1; then
+			fail "purge: cube node cleanup for node $n failed: $(tail -3 "$TMP/cleanup-$n.log")"
+			bad=1
+		fi
 		nft delete table ip "$veth" 2>/dev/null || true
 		ip link del "$veth" 2>/dev/null || true
 		if [[ -e "$run/netns/$dp" ]]; then
@@ -258,7 +266,7 @@ leak_check_netns() {
 			# Per-sandbox links inside the dataplane netns, if it is still pinned.
 			if [[ -e "$run/netns/$dp" ]]; then
 				new="$(nsenter --net="$run/netns/$dp" ip -o -d link show 2>/dev/null |
-					awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "$SANDBOX_LINK_RE" || true)"
+					awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "$SANDBOX_LINK_RE" | grep -Ev "${POOL_LINK_RE:-^\$}" || true)"
 				if [[ -n "$new" ]]; then
 					fail "sandbox links left in $dp: $(echo $new)"
 					leaks=1
