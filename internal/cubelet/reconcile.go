@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
@@ -83,11 +84,12 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			delete(owners, s.ID)
 		}
 	}
+	live := c.probeShims(ctx, owners)
 	for id, r := range owners {
 		if r.State == nodestore.StatePooled {
 			continue
 		}
-		alive := r.State == nodestore.StateRunning && c.shimAlive(ctx, id)
+		alive := r.State == nodestore.StateRunning && live[id]
 		if !alive {
 			unlock := c.lock(id)
 			err := c.teardown(ctx, r)
@@ -256,4 +258,35 @@ func (c *Cubelet) putRecord(r nodestore.Sandbox) error {
 		return c.writeRecordFile(r)
 	}
 	return nil
+}
+
+// probeShims asks every running sandbox's shim whether it is alive, a few
+// at a time (each probe is a unix-socket round trip), so a restart with
+// hundreds of sandboxes is not serialised on them.
+func (c *Cubelet) probeShims(ctx context.Context, owners map[string]nodestore.Sandbox) map[string]bool {
+	const workers = 16
+	ids := make(chan string)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	live := map[string]bool{}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range ids {
+				ok := c.shimAlive(ctx, id)
+				mu.Lock()
+				live[id] = ok
+				mu.Unlock()
+			}
+		}()
+	}
+	for id, r := range owners {
+		if r.State == nodestore.StateRunning {
+			ids <- id
+		}
+	}
+	close(ids)
+	wg.Wait()
+	return live
 }
