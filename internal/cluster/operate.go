@@ -14,23 +14,20 @@ const DefaultDrainGrace = 60 * time.Second
 // update changes a node's durable record with fn and persists it.
 func (r *Registry) update(ctx context.Context, id string, fn func(rec *NodeRecord) error) error {
 	r.mu.Lock()
-	n, ok := r.nodes[id]
+	_, ok := r.nodes[id]
+	r.mu.Unlock()
 	if !ok {
-		r.mu.Unlock()
 		return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
 	}
-	rec := n.rec
-	if err := fn(&rec); err != nil {
-		r.mu.Unlock()
-		return err
+	_, err := r.persist(ctx, id, func(rec *NodeRecord, found bool) error {
+		if !found {
+			return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
+		}
+		return fn(rec)
+	})
+	if err != nil {
+		return fmt.Errorf("update node %s: %w", id, err)
 	}
-	r.mu.Unlock()
-	if err := r.store.PutNode(ctx, rec); err != nil {
-		return fmt.Errorf("persist node %s: %w", id, err)
-	}
-	r.mu.Lock()
-	n.rec.Isolated, n.rec.Drain = rec.Isolated, rec.Drain
-	r.mu.Unlock()
 	return nil
 }
 
@@ -168,11 +165,16 @@ func (r *Registry) checkHealth(ctx context.Context) {
 			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", time.Since(n.lastBeat).Round(time.Second), err)
 			r.log.Warn("node down", "node", n.rec.ID, "reason", n.reason)
 		}
-		n.rec.Down, n.rec.DownReason = n.down, n.reason
-		rec := n.rec
+		down, reason, id := n.down, n.reason, n.rec.ID
 		r.mu.Unlock()
-		if err := r.store.PutNode(ctx, rec); err != nil {
-			r.log.Warn("record node health", "node", rec.ID, "err", err)
+		if _, err := r.persist(ctx, id, func(rec *NodeRecord, found bool) error {
+			if !found {
+				return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
+			}
+			rec.Down, rec.DownReason = down, reason
+			return nil
+		}); err != nil {
+			r.log.Warn("record node health", "node", id, "err", err)
 		}
 	}
 }

@@ -111,10 +111,13 @@ type Registry struct {
 	index SandboxIndex
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	nodes  map[string]*node
-	recent map[string]time.Time // sandbox id -> create start
-	life   Lifecycle
+	mu sync.Mutex
+	// persistMu serialises this replica's read-modify-writes of node
+	// records (see persist).
+	persistMu sync.Mutex
+	nodes     map[string]*node
+	recent    map[string]time.Time // sandbox id -> create start
+	life      Lifecycle
 }
 
 // NewRegistry returns a registry backed by st; call Load before serving.
@@ -236,18 +239,23 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 	if err := version.CheckSkew(r.cfg.ServerVersion, rec.Version); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	if old, ok := r.nodes[rec.ID]; ok {
-		rec.Isolated, rec.Drain = old.rec.Isolated, old.rec.Drain
-		rec.RegisteredAt = old.rec.RegisteredAt
-	}
-	if rec.RegisteredAt.IsZero() {
-		rec.RegisteredAt = time.Now().UTC()
-	}
-	rec.LastHeartbeat, rec.Down, rec.DownReason = time.Now().UTC(), false, ""
-	r.mu.Unlock()
-	if err := r.store.PutNode(ctx, rec); err != nil {
-		return fmt.Errorf("persist node %s: %w", rec.ID, err)
+	reg := rec
+	rec, err := r.persist(ctx, reg.ID, func(stored *NodeRecord, found bool) error {
+		// Registration fields come from the cubelet; operator state
+		// (isolated, drain) and the first registration time are kept.
+		isolated, drain, first := stored.Isolated, stored.Drain, stored.RegisteredAt
+		*stored = reg
+		if found {
+			stored.Isolated, stored.Drain, stored.RegisteredAt = isolated, drain, first
+		}
+		if stored.RegisteredAt.IsZero() {
+			stored.RegisteredAt = time.Now().UTC()
+		}
+		stored.LastHeartbeat, stored.Down, stored.DownReason = time.Now().UTC(), false, ""
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("persist node %s: %w", reg.ID, err)
 	}
 	r.mu.Lock()
 	n, ok := r.nodes[rec.ID]
@@ -276,15 +284,21 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 		r.log.Info("node is back", "node", id)
 	}
 	n.lastBeat, n.down, n.reason = time.Now(), false, ""
-	if templates != nil {
-		n.rec.Templates = templates
-	}
-	n.rec.LastHeartbeat, n.rec.Down, n.rec.DownReason = n.lastBeat.UTC(), false, ""
-	rec := n.rec
+	beat := n.lastBeat.UTC()
 	life := r.life
 	r.mu.Unlock()
-	// Persist so the replica running health checks sees it.
-	if err := r.store.PutNode(ctx, rec); err != nil {
+	// Persist so the replica running health checks sees it; only health
+	// fields change, so an operator action racing with it is never undone.
+	if _, err := r.persist(ctx, id, func(stored *NodeRecord, found bool) error {
+		if !found {
+			return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
+		}
+		stored.LastHeartbeat, stored.Down, stored.DownReason = beat, false, ""
+		if templates != nil {
+			stored.Templates = templates
+		}
+		return nil
+	}); err != nil {
 		return nil, false, fmt.Errorf("record heartbeat of %s: %w", id, err)
 	}
 
@@ -365,4 +379,36 @@ func (r *Registry) statusLocked(n *node) NodeStatus {
 		st.Drain = &DrainState{Policy: d.Policy, Phase: n.phase, StartedAt: d.StartedAt, Remaining: n.count}
 	}
 	return st
+}
+
+// persist applies mutate to a node's stored record, read fresh from the
+// store so that fields written by other paths and other replicas are kept,
+// writes it back and mirrors it into memory. found says whether the store
+// had the record. Writers on this replica are serialised; across replicas
+// the read-to-write window is a few milliseconds.
+func (r *Registry) persist(ctx context.Context, id string, mutate func(rec *NodeRecord, found bool) error) (NodeRecord, error) {
+	r.persistMu.Lock()
+	defer r.persistMu.Unlock()
+	recs, err := r.store.ListNodes(ctx)
+	if err != nil {
+		return NodeRecord{}, err
+	}
+	rec, found := NodeRecord{ID: id}, false
+	for _, x := range recs {
+		if x.ID == id {
+			rec, found = x, true
+		}
+	}
+	if err := mutate(&rec, found); err != nil {
+		return NodeRecord{}, err
+	}
+	if err := r.store.PutNode(ctx, rec); err != nil {
+		return NodeRecord{}, err
+	}
+	r.mu.Lock()
+	if n, ok := r.nodes[id]; ok {
+		n.rec = rec
+	}
+	r.mu.Unlock()
+	return rec, nil
 }

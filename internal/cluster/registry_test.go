@@ -177,3 +177,58 @@ func TestDrainPhases(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatsNeverUndoOperatorActions: heartbeats racing with isolate
+// and drain must not write back a stale copy of the node record (a bug the
+// two-node cluster test hit: a heartbeat persisted Isolated=false right
+// after an isolate, and the next sync made the node schedulable again).
+func TestHeartbeatsNeverUndoOperatorActions(t *testing.T) {
+	r, st, _ := newTestRegistry(t)
+	ctx := context.Background()
+	if err := r.Register(ctx, rec("n1", "v0.5.0")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					if _, _, err := r.Heartbeat(ctx, "n1", nil, nil); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20; i++ {
+		if err := r.Isolate(ctx, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Uncordon(ctx, "n1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Drain(ctx, "n1", Drain{Policy: DrainWait, Grace: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let heartbeats race with the final state
+	close(stop)
+	wg.Wait()
+	nodes, err := (DocumentNodes{Docs: st}).ListNodes(ctx)
+	if err != nil || len(nodes) != 1 || !nodes[0].Isolated || nodes[0].Drain == nil {
+		t.Fatalf("stored record lost the drain: %+v %v", nodes, err)
+	}
+	if err := r.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.Node("n1"); got.State != StateDraining {
+		t.Fatalf("state after sync: %s", got.State)
+	}
+}
