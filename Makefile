@@ -25,6 +25,12 @@ build: ## Build bin/cube and the static bin/envd and bin/cube-shim.
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-shim ./cmd/cube-shim
 
+IMAGES_OUT ?= out/images
+.PHONY: images
+images: ## Build the OCI image layouts under out/images/<name> without Docker (scratch + static binaries), then check them.
+	go run ./hack/images -out $(IMAGES_OUT)
+	$(GO_TEST) ./hack/images
+
 .PHONY: generate
 generate: ## Regenerate protobuf/Connect code (committed).
 	@bash hack/generate.sh
