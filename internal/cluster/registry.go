@@ -117,6 +117,7 @@ type Registry struct {
 	persistMu sync.Mutex
 	nodes     map[string]*node
 	recent    map[string]time.Time // sandbox id -> create start
+	holds     map[string]hold      // sandbox id -> capacity held until the master records it
 	life      Lifecycle
 }
 
@@ -124,7 +125,7 @@ type Registry struct {
 func NewRegistry(cfg Config, st NodeStore, index SandboxIndex) *Registry {
 	cfg.defaults()
 	return &Registry{cfg: cfg, store: st, index: index, log: cfg.Logger.With("component", "cluster"),
-		nodes: map[string]*node{}, recent: map[string]time.Time{}}
+		nodes: map[string]*node{}, recent: map[string]time.Time{}, holds: map[string]hold{}}
 }
 
 // SetLifecycle wires the master in (it is built after the registry).
@@ -219,14 +220,40 @@ func (r *Registry) recount(ctx context.Context) error {
 	for _, n := range r.nodes {
 		n.usedCPU, n.usedMemMB, n.count = 0, 0, 0
 	}
+	stored := make(map[string]bool, len(all))
 	for _, sb := range all {
+		stored[sb.ID] = true
 		if n, ok := r.nodes[sb.NodeID]; ok {
 			n.usedCPU += sb.CPUCount
 			n.usedMemMB += int64(sb.MemoryMB)
 			n.count++
 		}
 	}
+	// Reservations of creates not yet recorded by the master still count,
+	// or a recount racing with a create would free capacity it holds.
+	for id, h := range r.holds {
+		if stored[id] || time.Since(h.at) > r.cfg.Recent {
+			delete(r.holds, id)
+			continue
+		}
+		if n, ok := r.nodes[h.node]; ok {
+			n.usedCPU += h.cpu
+			n.usedMemMB += h.memMB
+			if h.created {
+				n.count++
+			}
+		}
+	}
 	return nil
+}
+
+// hold is capacity reserved for a create the master has not recorded yet.
+type hold struct {
+	node    string
+	cpu     int
+	memMB   int64
+	created bool // the node created it; the master is recording it
+	at      time.Time
 }
 
 // Register admits a node (or refreshes its registration) after checking the

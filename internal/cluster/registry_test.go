@@ -232,3 +232,43 @@ func TestHeartbeatsNeverUndoOperatorActions(t *testing.T) {
 		t.Fatalf("state after sync: %s", got.State)
 	}
 }
+
+// TestRecountKeepsUnrecordedCreates: a recount (heartbeat, sync) that runs
+// between a node creating a sandbox and the master recording it must not
+// drop it from the node's load (the multi-host PostgreSQL run saw a node
+// holding 21 sandboxes while the server counted 20).
+func TestRecountKeepsUnrecordedCreates(t *testing.T) {
+	r, st, _ := newTestRegistry(t)
+	r.cfg.Recent = time.Hour
+	ctx := context.Background()
+	if err := r.Register(ctx, rec("n1", "v0.5.0")); err != nil {
+		t.Fatal(err)
+	}
+	_, release, err := r.reserve("fresh", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.recount(ctx)
+	if got, _ := r.Node("n1"); got.UsedCPU != 2 || got.Inflight != 1 {
+		t.Fatalf("in flight after recount: %+v", got)
+	}
+	release(true)
+	r.recount(ctx)
+	if got, _ := r.Node("n1"); got.Sandboxes != 1 || got.UsedCPU != 2 {
+		t.Fatalf("created, not yet recorded, after recount: %+v", got)
+	}
+	now := time.Now()
+	st.CreateSandbox(ctx, store.Sandbox{ID: "fresh", TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
+		State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"})
+	r.recount(ctx)
+	if got, _ := r.Node("n1"); got.Sandboxes != 1 || got.UsedCPU != 2 {
+		t.Fatalf("recorded: counted once? %+v", got)
+	}
+	// A failed create gives everything back.
+	_, release, _ = r.reserve("failed", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	release(false)
+	r.recount(ctx)
+	if got, _ := r.Node("n1"); got.Sandboxes != 1 || got.UsedCPU != 2 {
+		t.Fatalf("after a failed create: %+v", got)
+	}
+}

@@ -53,14 +53,20 @@ func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node
 	n.usedCPU += req.CPU
 	n.usedMemMB += req.MemoryMB
 	r.recent[sandboxID] = time.Now()
+	r.holds[sandboxID] = hold{node: id, cpu: req.CPU, memMB: req.MemoryMB, at: time.Now()}
 	return n, func(ok bool) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		n.inflight--
 		if ok {
 			n.count++
+			if h, held := r.holds[sandboxID]; held {
+				h.created = true
+				r.holds[sandboxID] = h
+			}
 			return
 		}
+		delete(r.holds, sandboxID)
 		n.usedCPU -= req.CPU
 		n.usedMemMB -= req.MemoryMB
 	}, nil
@@ -132,6 +138,7 @@ func (r *Registry) KillSandbox(ctx context.Context, id string) error {
 	// a leftover to remove (also when the node is Down and reports later).
 	r.mu.Lock()
 	delete(r.recent, id)
+	delete(r.holds, id)
 	r.mu.Unlock()
 	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
