@@ -99,10 +99,10 @@ func TestNodeController(t *testing.T) {
 	cube.waitFor("deregistration", 60*time.Second, func() bool { return cube.deleted(false) })
 	k.waitGone()
 	// The sandbox was killed by the drain before the node was deleted, not forgotten.
-	log := cube.server.read()
+	log := cube.server.Read()
 	killed := strings.Index(log, `msg="sandbox killed" role=cubemaster component=cubemaster sandbox=`+sb)
 	if killed < 0 || killed > strings.Index(log, `msg="node deleted"`) || cube.deleted(true) {
-		t.Fatalf("want sandbox %s killed by the drain, then the node deleted without force; server log:\n%s", sb, cube.server.tail())
+		t.Fatalf("want sandbox %s killed by the drain, then the node deleted without force; server log:\n%s", sb, cube.server.Tail())
 	}
 	t.Log("step: force delete")
 	// The cubelet still runs, so it registers again (as a kubelet

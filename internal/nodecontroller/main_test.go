@@ -4,18 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +21,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/proctest"
 	"github.com/cube-dev/cube/internal/rootfstest"
 )
 
@@ -53,7 +51,7 @@ func TestMain(m *testing.M) {
 			panic(err)
 		}
 		binDir = dir
-		if err := buildBinaries(dir); err != nil {
+		if err := proctest.Build(dir); err != nil {
 			fmt.Println(err)
 			os.RemoveAll(dir)
 			os.Exit(1)
@@ -64,20 +62,6 @@ func TestMain(m *testing.M) {
 		code = m.Run()
 	}
 	os.Exit(code)
-}
-
-func buildBinaries(dir string) error {
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	for _, b := range []struct{ out, pkg, cgo string }{{"cube", "./cmd/cube", "1"}, {"envd", "./cmd/envd", "0"}} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
-	return nil
 }
 
 // requireSuite skips the envtest suite where it cannot run, and fails it
@@ -93,65 +77,16 @@ func requireSuite(t *testing.T) {
 	t.Skip(skipReason)
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func randHex(n int) string { return proctest.RandHex(n) }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return proctest.FreePort(t) }
 
 // proc is a cube process started by the test; killed at cleanup.
-type proc struct {
-	cmd *exec.Cmd
-	log string
-}
+type proc = proctest.Proc
 
 func start(t *testing.T, log string, args ...string) *proc {
 	t.Helper()
-	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "cube"), args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	p := &proc{cmd: cmd, log: log}
-	t.Cleanup(p.stop)
-	return p
-}
-
-func (p *proc) stop() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
-}
-
-func (p *proc) read() string {
-	b, _ := os.ReadFile(p.log)
-	return string(b)
-}
-
-func (p *proc) tail() string {
-	s := p.read()
-	if len(s) > 3000 {
-		s = s[len(s)-3000:]
-	}
-	return s
+	return proctest.Start(t, filepath.Join(binDir, "cube"), log, args...)
 }
 
 // cubeEnv is a real `cube server` with one real cubelet: its own
@@ -212,7 +147,7 @@ func newCubeEnv(t *testing.T, nodeID string) *cubeEnv {
 
 // purge removes what the cubelet made: sandboxes, dataplane, cgroups.
 func purge(t *testing.T, p *proc, dir, cg string, dp cubevs.Config) {
-	p.stop()
+	p.Kill(syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sbDir := filepath.Join(dir, "node", "sandboxes")
@@ -234,7 +169,7 @@ func (c *cubeEnv) waitFor(what string, d time.Duration, cond func() bool) {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out waiting for %s\nserver log:\n%s", what, c.server.tail())
+			c.t.Fatalf("timed out waiting for %s\nserver log:\n%s", what, c.server.Tail())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -272,7 +207,7 @@ func (c *cubeEnv) waitState(state string, d time.Duration) {
 
 // deleted reports whether the server logged the node's deletion with force.
 func (c *cubeEnv) deleted(force bool) bool {
-	for _, l := range strings.Split(c.server.read(), "\n") {
+	for _, l := range strings.Split(c.server.Read(), "\n") {
 		if strings.Contains(l, `msg="node deleted"`) && strings.Contains(l, "node="+c.nodeID+" ") &&
 			strings.Contains(l, fmt.Sprintf("force=%v", force)) {
 			return true

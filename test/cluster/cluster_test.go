@@ -76,7 +76,7 @@ func TestTwoNodeCluster(t *testing.T) {
 
 	// node-b disappears: Down after missed heartbeats and a failed probe;
 	// nothing can be scheduled (node-a is drained).
-	b.p.kill(syscall.SIGKILL)
+	b.p.Kill(syscall.SIGKILL)
 	c.waitState("node-b", "Down", 20*time.Second)
 	if st := c.nodeStatus("node-b"); !strings.Contains(st.Reason, "probe failed") {
 		t.Fatalf("down reason: %q", st.Reason)

@@ -44,7 +44,7 @@ func TestTemplateDistribution(t *testing.T) {
 	for range 2 {
 		code, body := c.createRaw("tiny2")
 		if code != http.StatusCreated {
-			t.Fatalf("create tiny2: %d %s\nnode log:\n%s", code, body, c.nodes["node-d"].p.tail())
+			t.Fatalf("create tiny2: %d %s\nnode log:\n%s", code, body, c.nodes["node-d"].p.Tail())
 		}
 		var sb struct {
 			SandboxID string `json:"sandboxID"`
@@ -64,7 +64,7 @@ func TestTemplateDistribution(t *testing.T) {
 	if got.Digest != want.Digest || got.Source != template.StreamSource {
 		t.Fatalf("node's tiny2 %+v, server digest %s", got, want.Digest)
 	}
-	nodeLog, _ := os.ReadFile(c.nodes["node-d"].p.log)
+	nodeLog, _ := os.ReadFile(c.nodes["node-d"].p.Log)
 	if n := strings.Count(string(nodeLog), "template fetched"); n != 1 {
 		t.Fatalf("node fetched tiny2 %d times, want once (then cached)", n)
 	}

@@ -7,18 +7,14 @@ package cluster_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +23,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/proctest"
 	"github.com/cube-dev/cube/internal/rootfstest"
 )
 
@@ -42,83 +39,25 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	for _, b := range []struct{ out, pkg, cgo string }{{"cube", "./cmd/cube", "1"}, {"envd", "./cmd/envd", "0"}} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", b.pkg, err, out)
-			os.Exit(1)
-		}
+	if err := proctest.Build(dir); err != nil {
+		fmt.Println(err)
+		os.Exit(1)
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
+func randHex(n int) string { return proctest.RandHex(n) }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return proctest.FreePort(t) }
 
 // proc is a cube process started by the test.
-type proc struct {
-	cmd *exec.Cmd
-	log string
-}
+type proc = proctest.Proc
 
 func start(t *testing.T, log string, args ...string) *proc {
 	t.Helper()
-	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "cube"), args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	p := &proc{cmd: cmd, log: log}
-	t.Cleanup(func() { p.kill(syscall.SIGKILL) })
-	return p
-}
-
-func (p *proc) kill(sig syscall.Signal) {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		p.cmd.Process.Kill()
-		<-done
-	}
-}
-
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
+	return proctest.Start(t, filepath.Join(binDir, "cube"), log, args...)
 }
 
 // cluster is a server and its nodes.
@@ -201,7 +140,7 @@ func (c *cluster) restartNode(n *nodeProc) {
 // purgeNode removes everything a node made: sandboxes (through its shims),
 // the dataplane, cgroups.
 func (c *cluster) purgeNode(n *nodeProc) {
-	n.p.kill(syscall.SIGKILL)
+	n.p.Kill(syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sbDir := filepath.Join(c.dir, n.id, "node", "sandboxes")
@@ -223,7 +162,7 @@ func (c *cluster) waitFor(what string, d time.Duration, cond func() bool) {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("timed out waiting for %s\nserver log:\n%s", what, c.server.tail())
+			c.t.Fatalf("timed out waiting for %s\nserver log:\n%s", what, c.server.Tail())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
