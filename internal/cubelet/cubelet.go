@@ -117,9 +117,14 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		return nil, fmt.Errorf("reconcile node: %w", err)
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c.stopPool = cancel
+	poolDone := make(chan struct{})
+	// Stopping waits for a slot being made, so a shutdown that removes the
+	// dataplane right after cannot race with it.
+	c.stopPool = func() { cancel(); <-poolDone }
 	if cfg.PoolSize > 0 {
-		go c.runPool(bg)
+		go func() { defer close(poolDone); c.runPool(bg) }()
+	} else {
+		close(poolDone)
 	}
 	if cfg.MaintainInterval == 0 {
 		cfg.MaintainInterval = DefaultMaintainInterval

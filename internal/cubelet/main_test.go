@@ -111,9 +111,12 @@ func newTestNode(t *testing.T) *node {
 func (n *node) destroy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := New(ctx, n.cfg, n.templates)
+	cfg := n.cfg
+	cfg.PoolSize = 0 // DestroyNetwork drops existing slots; make no new ones
+	c, err := New(ctx, cfg, n.templates)
 	if err == nil {
 		c.KillAll(ctx)
+		c.DestroyNetwork(ctx)
 		c.dp.Destroy(ctx)
 		c.Close()
 	} else {
