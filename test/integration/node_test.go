@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -97,6 +98,21 @@ func (n *node) flags() []string {
 // process start to the first successful /health.
 func (n *node) start() time.Duration {
 	n.t.Helper()
+	// A port found free can be taken by another test's socket before cube
+	// binds it; try again on another port then.
+	for attempt := 1; ; attempt++ {
+		d, bindRace := n.startOnce(attempt < 3)
+		if !bindRace {
+			return d
+		}
+		n.t.Logf("listen port taken before cube bound it; retrying (attempt %d)", attempt)
+	}
+}
+
+// startOnce starts cube up on a fresh port; with retryable set, a bind
+// failure is reported as bindRace instead of failing the test.
+func (n *node) startOnce(retryable bool) (_ time.Duration, bindRace bool) {
+	n.t.Helper()
 	port := n.freePort()
 	n.listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	// No warm pool: these tests plant orphans on the next IP the allocator
@@ -137,10 +153,12 @@ func (n *node) start() time.Duration {
 		n.t.Fatalf("start cube up: %v", err)
 	}
 	n.proc, n.logf, n.exited = cmd, logf, exited
-	return n.waitServing(n.startedAt)
+	return n.waitServing(n.startedAt, retryable)
 }
 
-func (n *node) waitServing(since time.Time) time.Duration {
+// waitServing waits for /health; with retryable, a cube that exits because
+// its port was taken reports bindRace instead of failing the test.
+func (n *node) waitServing(since time.Time, retryable bool) (_ time.Duration, bindRace bool) {
 	n.t.Helper()
 	deadline := time.After(time.Minute)
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -155,12 +173,15 @@ func (n *node) waitServing(since time.Time) time.Duration {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return time.Since(since)
+				return time.Since(since), false
 			}
 			last = fmt.Errorf("health: %s", resp.Status)
 		}
 		select {
 		case <-n.exited:
+			if retryable && strings.Contains(n.logTail(), "address already in use") {
+				return 0, true
+			}
 			n.t.Fatalf("cube up exited before serving: %v\n%s", n.proc.ProcessState, n.logTail())
 		case <-deadline:
 			n.t.Fatalf("cube up not serving after 1m (%v)\n%s", last, n.logTail())
