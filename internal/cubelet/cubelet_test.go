@@ -53,6 +53,17 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 	for _, id := range live {
 		want[id] = true
 	}
+	// Kernel state first, records second: the refill loop may be making a
+	// slot right now, and its record is written before its endpoint, so
+	// every endpoint seen here has its record in the listing below.
+	maps, err := c.dp.Mappings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := c.dp.Endpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	recs, bad, _ := c.store.List()
 	for _, r := range recs {
 		if r.State == nodestore.StatePooled {
@@ -74,18 +85,10 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 			t.Errorf("leftover state dir %s", id)
 		}
 	}
-	maps, err := c.dp.Mappings(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, m := range maps {
 		if !want[m.Owner] {
 			t.Errorf("leftover mapping %+v", m)
 		}
-	}
-	eps, err := c.dp.Endpoints(ctx)
-	if err != nil {
-		t.Fatal(err)
 	}
 	for _, ep := range eps {
 		if !want[ep.Owner] {
