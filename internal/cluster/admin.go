@@ -98,7 +98,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
-	writeJSON(w, status, map[string]any{"code": status, "message": err.Error()})
-}
+func writeErr(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }

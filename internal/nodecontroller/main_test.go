@@ -1,12 +1,9 @@
 package nodecontroller_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/big"
 	"net/http"
 	"net/netip"
@@ -218,28 +215,7 @@ func (c *cubeEnv) deleted(force bool) bool {
 
 func (c *cubeEnv) call(method, path string, body, out any, want int) {
 	c.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, c.url+path, rd)
-	req.Header.Set("X-API-Key", c.key)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	data, _ := io.ReadAll(res.Body)
-	if res.StatusCode != want {
-		c.t.Fatalf("%s %s: %d %s (want %d)", method, path, res.StatusCode, data, want)
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			c.t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
-		}
-	}
+	proctest.CallJSON(c.t, c.url, c.key, method, path, body, out, want)
 }
 
 // createSandbox starts a sandbox from "tiny" (on the only node).

@@ -4,10 +4,14 @@
 package proctest
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,4 +114,32 @@ func (p *Proc) Tail() string {
 		s = s[len(s)-3000:]
 	}
 	return s
+}
+
+// CallJSON sends method path (JSON body, API key) to base, fails the test
+// unless the status is want, and decodes the response into out (if non-nil).
+func CallJSON(t testing.TB, base, key, method, path string, body, out any, want int) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, base+path, rd)
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != want {
+		t.Fatalf("%s %s: %d %s (want %d)", method, path, res.StatusCode, data, want)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
+		}
+	}
 }

@@ -146,7 +146,7 @@ func (f *Fetcher) get(ctx context.Context, u string) (*http.Response, error) {
 		return res, nil
 	}
 	defer res.Body.Close()
-	var ae apiError
+	var ae struct{ Message string }
 	b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
 	msg := strings.TrimSpace(string(b))
 	if json.Unmarshal(b, &ae) == nil && ae.Message != "" {

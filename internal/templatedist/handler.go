@@ -94,17 +94,7 @@ func refOf(t template.Template) cluster.TemplateRef {
 	return cluster.TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}
 }
 
-type apiError struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-func writeErr(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(apiError{Code: status, Message: err.Error()})
-}
+func writeErr(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
 
 func cutPrefixFold(s, prefix string) (string, bool) {
 	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {

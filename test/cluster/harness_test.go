@@ -5,11 +5,8 @@
 package cluster_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -196,28 +193,7 @@ func (c *cluster) waitState(id, state string, d time.Duration) {
 // call sends an authenticated JSON request and checks the status.
 func (c *cluster) call(method, path string, body, out any, want int) {
 	c.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, c.url+path, rd)
-	req.Header.Set("X-API-Key", c.key)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		c.t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	data, _ := io.ReadAll(res.Body)
-	if res.StatusCode != want {
-		c.t.Fatalf("%s %s: %d %s (want %d)", method, path, res.StatusCode, data, want)
-	}
-	if out != nil {
-		if err := json.Unmarshal(data, out); err != nil {
-			c.t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
-		}
-	}
+	proctest.CallJSON(c.t, c.url, c.key, method, path, body, out, want)
 }
 
 func (c *cluster) create() string {
