@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/envd"
+	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodeapi"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatedist"
@@ -31,7 +33,8 @@ type CubeletConfig struct {
 	APIKey       string   // presented at registration (optional unless the server requires it)
 	NodeID       string
 	Listen       string // CubeletService listener
-	AdvertiseIP  string // address the server reaches this node on (RPC and host ports)
+	AdvertiseIP  string // address the server reaches this node's RPC on (and its host ports, unless DataIP is set)
+	DataIP       string // address on which the node's host ports (sandbox traffic) are reached; default AdvertiseIP
 	DataDir      string
 	RunDir       string
 	CgroupParent string
@@ -49,6 +52,9 @@ type CubeletConfig struct {
 // Stopping it never stops sandboxes.
 func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	log := cfg.Logger
+	if cfg.DataIP != "" && net.ParseIP(cfg.DataIP) == nil {
+		return fmt.Errorf("--data-ip %q is not an IP address: %w", cfg.DataIP, errdefs.ErrInvalidArgument)
+	}
 	templates := template.NewRegistry(cfg.DataDir)
 	if cfg.BuildBase {
 		if _, err := templates.EnsureBase(ctx, nil); err != nil {
@@ -110,7 +116,7 @@ func nodeInfo(ctx context.Context, cfg CubeletConfig, templates *template.Regist
 		return nil, err
 	}
 	return &nodev1.NodeInfo{
-		NodeId: cfg.NodeID, Version: version.Version, RpcUrl: rpcURL, DataIp: cfg.AdvertiseIP,
+		NodeId: cfg.NodeID, Version: version.Version, RpcUrl: rpcURL, DataIp: cmp.Or(cfg.DataIP, cfg.AdvertiseIP),
 		Capacity: cfg.Capacity, Templates: templatesToProto(ts), Token: token,
 	}, nil
 }

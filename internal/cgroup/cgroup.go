@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,6 +102,17 @@ func (c *Cgroup) SetResources(r Resources) error {
 		err := writeFile(filepath.Join(d, w.File), []byte(w.Value))
 		if err != nil && !(w.Optional && errors.Is(err, fs.ErrNotExist)) {
 			return fmt.Errorf("set cgroup limit %s=%s: %w", w.File, w.Value, err)
+		}
+	}
+	if c.layout.Version == V2 && r.Devices != nil {
+		err := setDevicesV2(c.dirs["unified"], r.Devices)
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			// Like a v1 host without a devices hierarchy: best effort.
+			slog.Warn("cgroup: no device allowlist for sandbox", "cgroup", c.dirs["unified"], "err", err)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("set cgroup device allowlist: %w", err)
 		}
 	}
 	return nil

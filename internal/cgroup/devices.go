@@ -6,8 +6,8 @@ import (
 )
 
 // Device is one entry of a device allowlist: a character ('c') or block
-// ('b') device by major and minor number (-1 for any) and the access it may
-// have ("r", "w", "m" for mknod, in any combination).
+// ('b') device, or both ('a'), by major and minor number (-1 for any) and the
+// access it may have ("r", "w", "m" for mknod, in any combination).
 type Device struct {
 	Type   byte
 	Major  int64
@@ -42,16 +42,26 @@ var SandboxDevices = []Device{
 
 // deviceWrites returns the v1 writes that enforce an allowlist: deny all,
 // then allow each entry. Nil means no restriction and no writes. Cgroup v2
-// has no devices files (it needs a BPF_CGROUP_DEVICE program, which Cube
-// does not load): there the barriers are the missing CAP_MKNOD and nodev
-// mounts, see docs/security.md. A v1 host without a devices hierarchy skips
-// these writes the same way (see SetResources).
+// has no devices files: there SetResources attaches a BPF_CGROUP_DEVICE
+// program instead (setDevicesV2). A v1 host without a devices hierarchy
+// skips these writes (see SetResources), as a v2 kernel without cgroup BPF
+// skips the program.
 func deviceWrites(v Version, devs []Device) []fileWrite {
 	if v == V2 || devs == nil {
 		return nil
 	}
 	w := []fileWrite{{Controller: "devices", File: "devices.deny", Value: "a"}}
 	for _, d := range devs {
+		if d.Type == 'a' {
+			// In devices.allow "a" means "allow everything"; a rule for
+			// both types is written as one rule per type.
+			c, b := d, d
+			c.Type, b.Type = 'c', 'b'
+			w = append(w,
+				fileWrite{Controller: "devices", File: "devices.allow", Value: c.String()},
+				fileWrite{Controller: "devices", File: "devices.allow", Value: b.String()})
+			continue
+		}
 		w = append(w, fileWrite{Controller: "devices", File: "devices.allow", Value: d.String()})
 	}
 	return w

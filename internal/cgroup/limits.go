@@ -20,7 +20,8 @@ type Resources struct {
 	// PidsMax limits the number of tasks.
 	PidsMax int
 	// Devices, when not nil, is the only devices the cgroup's processes may
-	// open (v1 devices controller; ignored on v2, see deviceWrites).
+	// open or create (v1 devices controller, v2 BPF_CGROUP_DEVICE program; see
+	// deviceWrites and setDevicesV2).
 	Devices []Device `json:",omitempty"`
 }
 
@@ -30,7 +31,7 @@ func (r Resources) Validate() error {
 		return fmt.Errorf("negative resource limit %+v: %w", r, errdefs.ErrInvalidArgument)
 	}
 	for _, d := range r.Devices {
-		if (d.Type != 'c' && d.Type != 'b') || d.Major < -1 || d.Minor < -1 ||
+		if (d.Type != 'c' && d.Type != 'b' && d.Type != 'a') || d.Major < -1 || d.Minor < -1 ||
 			d.Access == "" || strings.Trim(d.Access, "rwm") != "" {
 			return fmt.Errorf("invalid device rule %q: %w", d.String(), errdefs.ErrInvalidArgument)
 		}

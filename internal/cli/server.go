@@ -54,6 +54,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.StringVar(&cfg.NodeID, "node-id", envDefault("CUBE_NODE_ID", host), "this node's id (env CUBE_NODE_ID; default the hostname)")
 	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_CUBELET_LISTEN", "0.0.0.0:7070"), "address of the node API the server calls")
 	fs.StringVar(&cfg.AdvertiseIP, "advertise-ip", envDefault("CUBE_ADVERTISE_IP", ""), "IP the server uses to reach this node (default: the listen IP or the first non-loopback address)")
+	fs.StringVar(&cfg.DataIP, "data-ip", envDefault("CUBE_DATA_IP", ""), "IP on which this node's host ports (sandbox traffic) are reached, when it differs from --advertise-ip (a cubelet on the Pod network: the node's IP; env CUBE_DATA_IP)")
 	fs.StringVar(&cfg.DataDir, "data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory")
 	fs.StringVar(&cfg.RunDir, "run-dir", envDefault("CUBE_RUN_DIR", "/run/cube"), "runtime directory for kernel anchors (netns pins)")
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made")

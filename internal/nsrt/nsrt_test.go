@@ -122,13 +122,11 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Errorf("pids.max = %q", b)
 	}
 
-	// The shim is detached: not our child, leads its own session, lives in
-	// the shims cgroup.
+	// The shim is detached: it leads its own session and lives in the shims
+	// cgroup (it is the agent's child until the agent exits; the restart
+	// tests cover the agent going away).
 	shimPID := sb.ShimPID()
-	_, ppid, sid := procStat(t, shimPID)
-	if ppid == os.Getpid() {
-		t.Errorf("shim %d is a child of the test process", shimPID)
-	}
+	_, _, sid := procStat(t, shimPID)
 	if sid != shimPID {
 		t.Errorf("shim session = %d, want %d", sid, shimPID)
 	}

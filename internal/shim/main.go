@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -36,14 +35,17 @@ type report struct {
 }
 
 // Main is the body of `cube shim --state-dir DIR`; args are the arguments
-// after the subcommand. Started by Spawn, the first process re-executes
-// itself as a detached child in a new session and exits, so the supervisor
-// is re-parented away from the agent; that child runs launch, reports the
-// outcome on fd 3, then supervises the workload until its init exits.
+// after the subcommand. Started by Spawn as the leader of a new session, it
+// runs launch, reports the outcome on fd 3, then supervises the workload
+// until its init exits. It needs nothing from the agent once started: when
+// the agent exits, the shim is re-parented (to the host's init or the
+// nearest subreaper) and keeps running.
 func Main(args []string, launch Launcher) int {
 	fs := flag.NewFlagSet(Command, flag.ContinueOnError)
 	stateDir := fs.String("state-dir", "", "sandbox state directory")
-	detached := fs.Bool("detached", false, "internal: this is the detached supervisor")
+	// Earlier agents started the shim in two stages (the first re-executing
+	// itself with --detached); the flag is still accepted and means nothing.
+	_ = fs.Bool("detached", false, "ignored (compatibility)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -53,33 +55,11 @@ func Main(args []string, launch Launcher) int {
 		log.Error("shim needs --state-dir and a status pipe on fd 3")
 		return 2
 	}
-	if !*detached {
-		if err := detach(args, status); err != nil {
-			_ = json.NewEncoder(status).Encode(report{Stage: "done", Error: err.Error(), Code: errdefs.HTTPStatus(err)})
-			log.Error("shim detach failed", "err", err)
-			return 1
-		}
-		return 0
-	}
 	if err := supervise(log, *stateDir, status, launch); err != nil {
 		log.Error("shim failed", "err", err)
 		return 1
 	}
 	return 0
-}
-
-// detach starts the supervisor as a new session leader whose parent (this
-// process) exits at once.
-func detach(args []string, status *os.File) error {
-	cmd := exec.Command("/proc/self/exe", append(append([]string{Command}, args...), "--detached")...)
-	cmd.Args[0] = os.Args[0]
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{status}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start detached shim: %w", err)
-	}
-	return cmd.Process.Release()
 }
 
 func supervise(log *slog.Logger, stateDir string, status *os.File, launch Launcher) error {

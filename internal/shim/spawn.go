@@ -21,11 +21,12 @@ type spawned struct {
 	InitPID int
 }
 
-// Spawn starts `exe shim --state-dir stateDir` detached from the caller and
-// blocks (bounded by ctx) until the shim reports that its workload is ready
-// or failed, then returns a client for it. The shim's stderr goes to
-// stateDir/shim.log. On any failure,
-// including ctx ending, the shim is SIGKILLed and awaited before Spawn
+// Spawn starts `exe shim --state-dir stateDir` in a session of its own (one
+// exec: no signal to the caller's process group reaches it, and it does not
+// depend on the caller) and blocks (bounded by ctx) until the shim reports
+// that its workload is ready or failed, then returns a client for it. The
+// shim's stderr goes to stateDir/shim.log. On any failure, including ctx
+// ending, the shim is SIGKILLed and awaited before Spawn
 // returns, so no supervisor is left behind; the error carries the shim's
 // message and error kind.
 func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
@@ -48,9 +49,10 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
-	// The first stage exits as soon as it has started the detached one.
-	stage1 := make(chan error, 1)
-	go func() { stage1 <- cmd.Wait() }()
+	// The shim is our child until we exit; reap it whenever it ends (the
+	// sandbox's end, a failed start). After an agent restart it belongs to
+	// the host's init or the nearest subreaper instead.
+	go reap(cmd)
 
 	stop := context.AfterFunc(ctx, func() { _ = pr.SetReadDeadline(time.Now()) })
 	defer stop()
@@ -88,13 +90,18 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 			shim.close()
 		}
 	}
-	select {
-	case <-stage1:
-	case <-time.After(5 * time.Second):
-		_ = cmd.Process.Kill()
-		<-stage1
-	}
 	return c, err
+}
+
+// reap collects the shim's exit status once it has exited. The wait itself
+// goes through a pidfd on the runtime poller, so hundreds of live shims cost
+// no blocked OS threads; cmd.Wait then returns at once.
+func reap(cmd *exec.Cmd) {
+	if p, err := openPidFD(cmd.Process.Pid); err == nil {
+		_ = p.wait(context.Background())
+		p.close()
+	}
+	_ = cmd.Wait()
 }
 
 // readReports reads the hello and done lines of the status pipe.
