@@ -7,7 +7,7 @@
 # No prebuilt binaries are downloaded: both are compiled from source modules (kube-apiserver from
 # k8s.io/kubernetes with every k8s.io staging module replaced by its published v0 version).
 # The result is cached in ${CUBE_CACHE_DIR:-/var/cache/cube}/kube/<version>/, keyed by version, so a
-# rerun only checks that the binaries are there. Cold build on 2 cores: 6-13 min, ~2.4 GB (docs/kubernetes.md).
+# rerun only checks that the binaries are there. Cold build on 2 cores: 6-13 min, ~2.4 GB (docs/kubernetes/testing.md).
 # Quiet unless failing: the build log is printed only when a step fails.
 #
 # Environment: KUBE_VERSION (v1.37.2), ETCD_VERSION (v3.7.3), KUBE_ASSETS_TIMEOUT (build bound, 45m).

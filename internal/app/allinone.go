@@ -22,6 +22,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/envd"
 	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/proxy"
 	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
@@ -37,8 +38,10 @@ type AllInOneConfig struct {
 	KeepSandboxes bool
 	EnvdPath      string
 	Exe           string
-	CgroupParent  string // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
-	PoolSize      int    // warm-pool slots kept ready (0 = every create is cold)
+	CgroupParent  string          // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
+	PoolSize      int             // warm-pool slots kept ready (0 = every create is cold)
+	PoolPrestart  bool            // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
+	UserNS        nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
 	Network       cubevs.Config
 	Logger        *slog.Logger
 	Out           io.Writer // user-facing output (progress, exports)
@@ -83,6 +86,8 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		EnvdVersion:  envd.Version,
 		CgroupParent: cfg.CgroupParent,
 		PoolSize:     cfg.PoolSize,
+		UserNS:       cfg.UserNS,
+		PoolPrestart: cfg.PoolPrestart,
 		Network:      cfg.Network,
 		Logger:       log.With("role", "cubelet"),
 	}, templates)

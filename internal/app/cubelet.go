@@ -22,6 +22,7 @@ import (
 	"github.com/cube-dev/cube/internal/envd"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodeapi"
+	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatedist"
 	"github.com/cube-dev/cube/internal/version"
@@ -33,6 +34,7 @@ type CubeletConfig struct {
 	APIKey       string   // presented at registration (optional unless the server requires it)
 	NodeID       string
 	Listen       string // CubeletService listener
+	PrepDir      string // `cube prep` records reported as preflight health (default <DataDir>/prep)
 	AdvertiseIP  string // address the server reaches this node's RPC on (and its host ports, unless DataIP is set)
 	DataIP       string // address on which the node's host ports (sandbox traffic) are reached; default AdvertiseIP
 	DataDir      string
@@ -40,8 +42,10 @@ type CubeletConfig struct {
 	CgroupParent string
 	EnvdPath     string
 	Exe          string
-	BuildBase    bool // build the `base` template if missing
-	PoolSize     int  // warm-pool slots
+	BuildBase    bool            // build the `base` template if missing
+	PoolSize     int             // warm-pool slots
+	PoolPrestart bool            // slots are pre-started sandboxes of template base
+	UserNS       nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
 	Capacity     *nodev1.Capacity
 	Network      cubevs.Config
 	Logger       *slog.Logger
@@ -64,7 +68,8 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	cfg.Network.RunDir = cfg.RunDir
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
-		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize,
+		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolPrestart: cfg.PoolPrestart,
+		UserNS:  cfg.UserNS,
 		Fetcher: &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
 	}, templates)
 	if err != nil {
@@ -83,8 +88,16 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	token := randomToken()
+	if cfg.PrepDir == "" {
+		cfg.PrepDir = filepath.Join(cfg.DataDir, "prep")
+	}
+	check := newSelfCheck(ln.Addr(), token, cfg.PrepDir, log)
 	info := func(ctx context.Context) (*nodev1.NodeInfo, error) {
-		return nodeInfo(ctx, cfg, templates, "http://"+net.JoinHostPort(cfg.AdvertiseIP, port), token)
+		ni, err := nodeInfo(ctx, cfg, templates, "http://"+net.JoinHostPort(cfg.AdvertiseIP, port), token)
+		if err == nil {
+			ni.Health = check.current()
+		}
+		return ni, err
 	}
 	mux := http.NewServeMux()
 	path, h := nodeapi.NewCubeletHandler(node, info, token)
@@ -95,7 +108,7 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("cubelet serving", "listen", ln.Addr().String(), "node", cfg.NodeID, "advertise", cfg.AdvertiseIP)
 
-	go heartbeatLoop(ctx, cfg, node, info)
+	go heartbeatLoop(ctx, cfg, node, info, check)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -131,9 +144,10 @@ func templatesToProto(ts []template.Template) []*nodev1.Template {
 }
 
 // heartbeatLoop registers with the server (retrying with backoff) and then
-// heartbeats; it kills sandboxes the server no longer knows and registers
-// again when the server asks.
-func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet, info func(context.Context) (*nodev1.NodeInfo, error)) {
+// heartbeats, each time with a fresh self-check (see selfCheck); it kills
+// sandboxes the server no longer knows and registers again when the server
+// asks.
+func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet, info func(context.Context) (*nodev1.NodeInfo, error), check *selfCheck) {
 	log := cfg.Logger
 	hc := &http.Client{Timeout: 10 * time.Second}
 	clients := make([]nodev1connect.RegistryServiceClient, len(cfg.ServerURLs))
@@ -152,6 +166,7 @@ func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet
 	for {
 		client, server := clients[cur], cfg.ServerURLs[cur]
 		if !registered {
+			check.refresh(ctx)
 			ni, err := info(ctx)
 			if err == nil {
 				var res *connect.Response[nodev1.RegisterResponse]
@@ -186,7 +201,7 @@ func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet
 		for i, sb := range sbs {
 			ids[i] = sb.ID
 		}
-		hb := &nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids}
+		hb := &nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids, Health: check.refresh(ctx)}
 		if ni, err := info(ctx); err == nil {
 			hb.Templates = ni.Templates
 		}

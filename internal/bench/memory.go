@@ -2,12 +2,15 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/shim"
 )
 
@@ -43,8 +46,26 @@ type Node struct {
 	CgroupParent string // sandbox cgroup parent, default "cube"
 }
 
-func (n Node) stateDir(id string) string {
-	return filepath.Join(n.DataDir, "node", "sandboxes", id)
+// runtimeName is the name of a sandbox's state dir and cgroup: its id, or
+// for a sandbox made from a pre-started pool slot the slot's id, found
+// through the record copy (record.json) in the state dirs.
+func (n Node) runtimeName(id string) string {
+	dir := filepath.Join(n.DataDir, "node", "sandboxes")
+	if _, err := os.Stat(filepath.Join(dir, id)); err == nil {
+		return id
+	}
+	copies, _ := filepath.Glob(filepath.Join(dir, "*", "record.json"))
+	for _, f := range copies {
+		var r nodestore.Sandbox
+		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &r) == nil && r.ID == id {
+			return r.Runtime()
+		}
+	}
+	return id
+}
+
+func (n Node) stateDir(name string) string {
+	return filepath.Join(n.DataDir, "node", "sandboxes", name)
 }
 
 // sandboxMem is one sandbox's accounting.
@@ -56,14 +77,15 @@ type sandboxMem struct {
 
 func (n Node) measure(id string) (sandboxMem, error) {
 	var m sandboxMem
-	info, err := shim.ReadInfo(n.stateDir(id))
+	name := n.runtimeName(id)
+	info, err := shim.ReadInfo(n.stateDir(name))
 	if err != nil {
 		return m, err
 	}
 	if m.shim, err = ReadRollup(info.PID); err != nil {
 		return m, fmt.Errorf("shim %d: %w", info.PID, err)
 	}
-	cg, err := cgroup.Open(n.CgroupParent, id)
+	cg, err := cgroup.Open(n.CgroupParent, name)
 	if err != nil {
 		return m, err
 	}

@@ -40,7 +40,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.SDKDir, "sdk-dir", defaultSDKDir(exeDir), "directory holding sdk.mjs and its package.json (test/bench)")
 	only := fs.String("only", "", "comma-separated phases to run: "+strings.Join(bench.Phases, ","))
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

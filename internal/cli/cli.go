@@ -36,7 +36,7 @@ func commands() map[string]command {
 
 		"preflight": {"check that this host can run a Cube node (exit 1 on failure)", runPreflight},
 		"prep":      {"preflight, then prepare the node and write the prep fingerprint", runPrep},
-		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, stop-cubelet, node-controller", runKubeAll},
+		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, stop-cubelet, node-controller, release-nodes", runKubeAll},
 	}
 }
 
@@ -87,6 +87,16 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+// parseFlags parses args into fs: a bad flag or value is a usage error (exit
+// code 2), -h/--help is flag.ErrHelp (exit code 0).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return usageError{err.Error()}
+	}
+	return err
+}
+
 func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("cube "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -96,6 +106,14 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 // envInt returns the environment variable as an int, or def.
 func envInt(key string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return v
+	}
+	return def
+}
+
+// envBool returns the environment variable as a bool, or def.
+func envBool(key string, def bool) bool {
+	if v, err := strconv.ParseBool(os.Getenv(key)); err == nil {
 		return v
 	}
 	return def

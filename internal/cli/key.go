@@ -22,7 +22,7 @@ func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlagSet("key "+args[0], stderr)
 	dataDir := fs.String("data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory (env CUBE_DATA_DIR)")
 	name := fs.String("name", "", "name of the new key (create)")
-	if err := fs.Parse(reorder(fs, args[1:])); err != nil {
+	if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
 		return err
 	}
 	open := func() (*store.SQLite, error) {

@@ -136,7 +136,7 @@ func runPreflightChecks(ctx context.Context, pf *preflightFlags, stdout io.Write
 func runPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("preflight", stderr)
 	pf := addPreflightFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -148,8 +148,10 @@ func runPreflight(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // runPrep is `cube prep`: preflight, node preparation (directories), then
 // the fingerprint <dir>/<generation>.fingerprint, written atomically and
-// only when preflight passed. With --hold it then waits for a signal, so a
-// DaemonSet Pod stays Running with the report in its log.
+// only when preflight passed (a failure writes <dir>/<generation>.failed
+// with the failing checks instead, for the cubelet to report). With --hold
+// it then waits for a signal, so a DaemonSet Pod stays Running with the
+// report in its log.
 func runPrep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("prep", stderr)
 	pf := addPreflightFlags(fs)
@@ -158,7 +160,7 @@ func runPrep(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	runDir := fs.String("run-dir", envDefault("CUBE_RUN_DIR", "/run/cube"), "runtime directory to create (netns pins)")
 	node := fs.String("node", os.Getenv("NODE_NAME"), "node name recorded in the fingerprint (env NODE_NAME)")
 	hold := fs.Bool("hold", false, "after writing the fingerprint, wait until terminated")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *gen < 1 || fs.NArg() > 0 {
@@ -166,6 +168,9 @@ func runPrep(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	rep, facts, err := runPreflightChecks(ctx, pf, stdout)
 	if err != nil {
+		if len(rep.Results) > 0 && !rep.Passed {
+			recordPrepFailure(stderr, *dir, preflight.NewFailure(*gen, *node, version.Version, rep, time.Now()))
+		}
 		return err
 	}
 	for _, d := range []string{*dir, filepath.Join(*runDir, "netns")} {
@@ -180,6 +185,9 @@ func runPrep(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := preflight.WriteFingerprint(*dir, fp); err != nil {
 		return err
 	}
+	if err := preflight.ClearFailure(*dir, *gen); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "node prepared: %s\n", preflight.FingerprintPath(*dir, *gen))
 	if *hold {
 		<-ctx.Done()
@@ -187,10 +195,27 @@ func runPrep(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
+// recordPrepFailure writes <dir>/<generation>.failed, which the node's
+// cubelet reports to the server (helm test reads it there). Best effort:
+// the failed checks are the error that matters.
+func recordPrepFailure(stderr io.Writer, dir string, f preflight.Failure) {
+	if err := preflight.WriteFailure(dir, f); err != nil {
+		fmt.Fprintf(stderr, "cube prep: %v\n", err)
+	}
+}
+
+// kubeVerbs are the verbs of `cube kube`.
+const kubeVerbs = "hostnet-preflight|wait-prep|install-artifacts|stop-cubelet|node-controller|release-nodes"
+
 // runKube is `cube kube ...`: the commands the Helm chart's Pods run.
 func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const verbs = kubeVerbs
 	if len(args) == 0 {
-		return usageError{"usage: cube kube hostnet-preflight|wait-prep|install-artifacts|stop-cubelet ..."}
+		return usageError{"usage: cube kube " + verbs + " ..."}
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(stdout, "usage: cube kube "+verbs+" [flags] (the commands the Helm chart's Pods run; see docs/kubernetes/)")
+		return nil
 	}
 	fs := newFlagSet("kube "+args[0], stderr)
 	switch args[0] {
@@ -199,7 +224,7 @@ func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		name := fs.String("daemonset", "cube-node", "DaemonSet name")
 		desired := fs.Bool("desired", true, "hostNetwork value of the release being applied")
 		ack := fs.Bool("ack", false, "cubeNode.hostNetworkChangeAck")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if *ns == "" {
@@ -226,7 +251,7 @@ func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Var(&require, "require", "a file that must exist too (e.g. the installed envd); repeatable")
 		timeout := fs.Duration("timeout", 0, "give up after this long (0: wait forever)")
 		every := fs.Duration("interval", 2*time.Second, "poll interval")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		return waitPrep(ctx, stdout, *genFile, *dir, require, *timeout, *every)
@@ -234,7 +259,7 @@ func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		from := fs.String("from", "/opt/cube/artifacts", "artifacts in the installer image")
 		to := fs.String("to", "/var/lib/cube/artifacts", "host directory cubelet reads them from")
 		hold := fs.Bool("hold", false, "after installing, wait until terminated")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		arts, changed, err := preflight.InstallArtifacts(*from, *to)
@@ -248,12 +273,12 @@ func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return nil
 	case "stop-cubelet":
 		timeout := fs.Duration("timeout", 25*time.Second, "how long to wait for cubelet to exit")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		return stopCubelet(ctx, stdout, "/proc", *timeout)
 	default:
-		return usageError{fmt.Sprintf("unknown kube command %q (hostnet-preflight, wait-prep, install-artifacts, stop-cubelet)", args[0])}
+		return usageError{fmt.Sprintf("unknown kube command %q (%s)", args[0], strings.ReplaceAll(verbs, "|", ", "))}
 	}
 }
 

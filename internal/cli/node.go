@@ -26,11 +26,12 @@ func nodeVerbs() map[string]command {
 		"gc":      {"remove orphans and reap dead sandboxes (refused while cube runs on the node)", runNodeGC},
 		"cleanup": {"uninstall: kill every sandbox, remove the dataplane, cgroups and (--purge-state) node state", runNodeCleanup},
 		// Cluster verbs talk to a server (--server URL --api-key KEY).
-		"ls":       {"list the server's nodes with state, version and load (--json)", nodeAdmin("ls")},
-		"isolate":  {"stop scheduling onto a node (its sandboxes keep running)", nodeAdmin("isolate")},
-		"uncordon": {"make an isolated or drained node schedulable again", nodeAdmin("uncordon")},
-		"drain":    {"isolate a node, wait --grace, then kill its sandboxes or wait for their TTLs (--policy)", nodeAdmin("drain")},
-		"delete":   {"deregister an isolated, empty node (--force: any node)", nodeAdmin("delete")},
+		"ls":           {"list the server's nodes with state, version, load and health (--json)", nodeAdmin("ls")},
+		"check-health": {"exit 1 unless every Ready node's cubelet API answers and (--prep-generation N) its preflight passed for N", runNodeCheckHealth},
+		"isolate":      {"stop scheduling onto a node (its sandboxes keep running)", nodeAdmin("isolate")},
+		"uncordon":     {"make an isolated or drained node schedulable again", nodeAdmin("uncordon")},
+		"drain":        {"isolate a node, wait --grace, then kill its sandboxes or wait for their TTLs (--policy)", nodeAdmin("drain")},
+		"delete":       {"deregister an isolated, empty node (--force: any node)", nodeAdmin("delete")},
 	}
 }
 
@@ -117,7 +118,7 @@ func parseNodeFlags(name string, args []string, stderr io.Writer, extra func(*fl
 	if extra != nil {
 		extra(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return cubelet.Config{}, err
 	}
 	if fs.NArg() > 0 {

@@ -34,7 +34,7 @@ func runNodeAdmin(ctx context.Context, verb string, args []string, stdout, stder
 	grace := fs.Duration("grace", cluster.DefaultDrainGrace, "drain: time for in-flight creates to finish")
 	deadline := fs.Duration("deadline", 0, "drain with --policy wait: kill what is left after this long (0 = wait for every TTL)")
 	wait := fs.Bool("wait", true, "drain: follow progress until the node is empty")
-	if err := fs.Parse(reorder(fs, args)); err != nil {
+	if err := parseFlags(fs, reorder(fs, args)); err != nil {
 		return err
 	}
 	c := adminClient{base: strings.TrimRight(*server, "/"), key: *key}
@@ -47,10 +47,10 @@ func runNodeAdmin(ctx context.Context, verb string, args []string, stdout, stder
 			return printJSON(stdout, nodes)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSTATE\tVERSION\tSANDBOXES\tCPU\tMEMORY_MB\tADDRESS\tREASON")
+		fmt.Fprintln(tw, "ID\tSTATE\tVERSION\tSANDBOXES\tCPU\tMEMORY_MB\tADDRESS\tHEALTH\tREASON")
 		for _, n := range nodes {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\n", n.ID, n.State, n.Version, n.Sandboxes,
-				n.UsedCPU, n.Capacity.CPUCount, n.UsedMemoryMB, n.Capacity.MemoryMB, n.Address, n.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d/%d\t%s\t%s\t%s\n", n.ID, n.State, n.Version, n.Sandboxes,
+				n.UsedCPU, n.Capacity.CPUCount, n.UsedMemoryMB, n.Capacity.MemoryMB, n.Address, n.Health.Summary(), n.Reason)
 		}
 		return tw.Flush()
 	}

@@ -22,7 +22,7 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	case "create":
 		fromDir := fs.String("from-dir", "", "register a root filesystem directory")
 		fromTar := fs.String("from-tar", "", "register a root filesystem tarball (.tar or .tar.gz)")
-		if err := fs.Parse(reorder(fs, args[1:])); err != nil {
+		if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
 			return err
 		}
 		if fs.NArg() != 1 || (*fromDir == "") == (*fromTar == "") {
@@ -43,7 +43,7 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return nil
 	case "ls":
 		asJSON := fs.Bool("json", false, "print JSON")
-		if err := fs.Parse(args[1:]); err != nil {
+		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		ts, err := template.NewRegistry(*dataDir).List(ctx)
@@ -62,7 +62,7 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return tw.Flush()
 	case "rm":
-		if err := fs.Parse(reorder(fs, args[1:])); err != nil {
+		if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
 			return err
 		}
 		if fs.NArg() != 1 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nsrt"
 )
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -28,6 +29,8 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.EnvdPath, "envd", envDefault("CUBE_ENVD", ""), "path of the envd binary (default: next to the cube binary)")
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
 	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots (netns + veth + IP + disk) kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
+	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
+	addUserNSFlag(fs, &cfg.UserNS)
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
 	nf := addNetworkFlags(fs, &cfg.Network)
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -108,4 +111,15 @@ func (f *networkFlags) apply(cfg *cubevs.Config) error {
 	}
 	cfg.Transit = p
 	return nil
+}
+
+// addUserNSFlag registers --userns (env CUBE_USERNS): whether sandboxes run
+// in a user namespace.
+func addUserNSFlag(fs *flag.FlagSet, mode *nsrt.UserNSMode) {
+	*mode = nsrt.UserNSMode(envDefault("CUBE_USERNS", string(nsrt.UserNSAuto)))
+	fs.Func("userns", "run sandboxes in a user namespace (root inside is not root on the host): auto uses one where the kernel allows it, on refuses to create sandboxes without one, off never uses one (default auto; env CUBE_USERNS)", func(s string) error {
+		m, err := nsrt.ParseUserNSMode(s)
+		*mode = m
+		return err
+	})
 }

@@ -300,7 +300,8 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 // the server's records: sandboxes the server no longer knows are returned
 // for the node to kill; recorded sandboxes the node no longer runs are lost
 // and forgotten. reregister tells an unknown node to register again.
-func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, templates []TemplateRef) (kill []string, reregister bool, err error) {
+// health, when not nil, replaces the node's reported self-checks.
+func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, templates []TemplateRef, health *NodeHealth) (kill []string, reregister bool, err error) {
 	r.mu.Lock()
 	n, ok := r.nodes[id]
 	if !ok {
@@ -323,6 +324,9 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 		stored.LastHeartbeat, stored.Down, stored.DownReason = beat, false, ""
 		if templates != nil {
 			stored.Templates = templates
+		}
+		if health != nil {
+			stored.Health = health
 		}
 		return nil
 	}); err != nil {
@@ -397,7 +401,7 @@ func (r *Registry) statusLocked(n *node) NodeStatus {
 	st := NodeStatus{
 		ID: n.rec.ID, State: n.state(), Reason: n.reason, Version: n.rec.Version, Address: n.rec.RPCURL,
 		Sandboxes: n.count, Inflight: n.inflight, UsedCPU: n.usedCPU, UsedMemoryMB: n.usedMemMB,
-		Capacity: n.rec.Capacity, LastHeartbeat: n.lastBeat.UTC(),
+		Capacity: n.rec.Capacity, LastHeartbeat: n.lastBeat.UTC(), Health: n.rec.Health,
 	}
 	for _, t := range n.rec.Templates {
 		st.Templates = append(st.Templates, t.Name)

@@ -106,7 +106,7 @@ func TestHeartbeatReconcilesWithRecords(t *testing.T) {
 	}
 	// The node runs "kept" and a sandbox the server never recorded; "lost"
 	// is gone from the node.
-	kill, rereg, err := r.Heartbeat(ctx, "n1", []string{"kept", "stray"}, nil)
+	kill, rereg, err := r.Heartbeat(ctx, "n1", []string{"kept", "stray"}, nil, nil)
 	if err != nil || rereg {
 		t.Fatal(err, rereg)
 	}
@@ -124,11 +124,11 @@ func TestHeartbeatReconcilesWithRecords(t *testing.T) {
 	r.cfg.Recent = time.Hour
 	r.recent["creating"] = time.Now()
 	r.mu.Unlock()
-	if kill, _, _ := r.Heartbeat(ctx, "n1", []string{"kept", "creating"}, nil); len(kill) != 0 {
+	if kill, _, _ := r.Heartbeat(ctx, "n1", []string{"kept", "creating"}, nil, nil); len(kill) != 0 {
 		t.Fatalf("in-flight create reported as stray: %v", kill)
 	}
 	// Unknown nodes are told to register again.
-	if _, rereg, _ := r.Heartbeat(ctx, "ghost", nil, nil); !rereg {
+	if _, rereg, _ := r.Heartbeat(ctx, "ghost", nil, nil, nil); !rereg {
 		t.Fatal("unknown node not asked to re-register")
 	}
 }
@@ -199,7 +199,7 @@ func TestHeartbeatsNeverUndoOperatorActions(t *testing.T) {
 				case <-stop:
 					return
 				default:
-					if _, _, err := r.Heartbeat(ctx, "n1", nil, nil); err != nil {
+					if _, _, err := r.Heartbeat(ctx, "n1", nil, nil, nil); err != nil {
 						t.Error(err)
 						return
 					}

@@ -62,6 +62,7 @@ func (s *registryServer) Register(ctx context.Context, req *connect.Request[node
 		ID: n.GetNodeId(), Version: n.GetVersion(), RPCURL: n.GetRpcUrl(), DataIP: n.GetDataIp(), Token: n.GetToken(),
 		Capacity:  Capacity{CPUCount: int(c.GetCpuCount()), MemoryMB: c.GetMemoryMb(), MaxSandboxes: int(c.GetMaxSandboxes()), MaxCreates: int(c.GetMaxCreates())},
 		Templates: templatesFromProto(n.GetTemplates()),
+		Health:    healthFromProto(n.GetHealth()),
 	}
 	if err := s.r.Register(ctx, rec); err != nil {
 		return nil, nodeapi.ToConnect(err)
@@ -72,7 +73,7 @@ func (s *registryServer) Register(ctx context.Context, req *connect.Request[node
 }
 
 func (s *registryServer) Heartbeat(ctx context.Context, req *connect.Request[nodev1.HeartbeatRequest]) (*connect.Response[nodev1.HeartbeatResponse], error) {
-	kill, rereg, err := s.r.Heartbeat(ctx, req.Msg.NodeId, req.Msg.SandboxIds, templatesFromProto(req.Msg.Templates))
+	kill, rereg, err := s.r.Heartbeat(ctx, req.Msg.NodeId, req.Msg.SandboxIds, templatesFromProto(req.Msg.Templates), healthFromProto(req.Msg.Health))
 	if err != nil {
 		return nil, nodeapi.ToConnect(err)
 	}

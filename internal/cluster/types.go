@@ -74,6 +74,10 @@ type NodeRecord struct {
 	LastHeartbeat time.Time `json:"lastHeartbeat"`
 	Down          bool      `json:"down,omitempty"`
 	DownReason    string    `json:"downReason,omitempty"`
+	// Health is the node's last reported self-check (socket, preflight),
+	// kept in the record so every replica serves it; nil from cubelets
+	// that do not report it.
+	Health *NodeHealth `json:"health,omitempty"`
 }
 
 // NodeStore persists node records (the server's SQL store implements it).
@@ -98,6 +102,7 @@ type NodeStatus struct {
 	Templates     []string    `json:"templates"`
 	LastHeartbeat time.Time   `json:"lastHeartbeat"`
 	Drain         *DrainState `json:"drain,omitempty"`
+	Health        *NodeHealth `json:"health,omitempty"`
 }
 
 // DrainState reports a drain's progress.

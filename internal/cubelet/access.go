@@ -90,7 +90,7 @@ func (c *Cubelet) SandboxMetrics(ctx context.Context, id string) (Metrics, error
 	if err != nil {
 		return Metrics{}, err
 	}
-	cg, err := cgroup.Open(c.cfg.CgroupParent, id)
+	cg, err := cgroup.Open(c.cfg.CgroupParent, rec.Runtime())
 	if err != nil {
 		return Metrics{}, err
 	}
@@ -136,7 +136,7 @@ func (c *Cubelet) setPaused(ctx context.Context, id string, paused bool) error {
 	if err != nil {
 		return err
 	}
-	sb, err := nsrt.Attach(ctx, c.sandboxDir(id))
+	sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime()))
 	if err != nil {
 		return err
 	}

@@ -62,6 +62,16 @@ func crashCreateMain([]string) int {
 	return 0
 }
 
+// crashPoolMain runs in a child process: a cubelet whose warm pool makes a
+// slot, with a failpoint that SIGKILLs it at one slot step.
+func crashPoolMain([]string) int {
+	if _, _, err := childCubelet(); err != nil {
+		return 3
+	}
+	time.Sleep(30 * time.Second)
+	return 0
+}
+
 func crashKillMain([]string) int {
 	c, id, err := childCubelet()
 	if err != nil {
@@ -96,22 +106,36 @@ func runCrashChild(t *testing.T, n *node, mode, id, step string) {
 // restarts it and asserts: the interrupted sandbox is fully running or fully
 // gone, nothing is orphaned, and the same id is created again at once.
 func TestCrashDuringCreate(t *testing.T) {
-	for _, poolSize := range []int{0, 2} {
-		t.Run(fmt.Sprintf("pool=%d", poolSize), func(t *testing.T) { crashDuringCreate(t, poolSize) })
+	for _, tc := range []struct {
+		pool     int
+		prestart bool
+		steps    []string
+	}{{0, false, CreateSteps}, {2, false, CreateSteps}, {2, true, SlotCreateSteps}} {
+		name := fmt.Sprintf("pool=%d", tc.pool)
+		if tc.prestart {
+			name += "-prestarted"
+		}
+		t.Run(name, func(t *testing.T) {
+			crashDuringCreate(t, tc.pool, tc.prestart, tc.steps)
+		})
 	}
 }
 
-func crashDuringCreate(t *testing.T, poolSize int) {
+func crashDuringCreate(t *testing.T, poolSize int, prestart bool, steps []string) {
 	n := newTestNode(t)
 	n.cfg.PoolSize = poolSize
-	for _, step := range CreateSteps {
+	n.cfg.PoolPrestart = prestart
+	for _, step := range steps {
 		t.Run(step, func(t *testing.T) {
 			id := "crash-" + step
 			runCrashChild(t, n, "cubelet-create", id, "create/"+step)
 			c := n.start(t)
 			defer c.Close()
 			ctx := context.Background()
-			if _, err := c.store.Get(id); err == nil {
+			if rec, err := c.store.Get(id); err == nil {
+				if prestart && !isSlot(rec.RuntimeID) {
+					t.Fatalf("sandbox did not come from a pre-started slot: %+v", rec)
+				}
 				if err := envdHealthy(t, c, id); err != nil {
 					t.Fatalf("interrupted sandbox kept but not running: %v", err)
 				}
@@ -130,6 +154,41 @@ func crashDuringCreate(t *testing.T, poolSize int) {
 			if err := c.KillSandbox(ctx, id); err != nil {
 				t.Fatal(err)
 			}
+		})
+	}
+}
+
+// TestCrashDuringSlot kills the cubelet at every step of making a
+// pre-started pool slot; after a restart the half-made slot must be fully
+// gone (no sandbox, endpoint, state dir or cgroup of it) and creates work.
+func TestCrashDuringSlot(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 1
+	for _, step := range SlotSteps {
+		t.Run(step, func(t *testing.T) {
+			runCrashChild(t, n, "cubelet-pool", "", "slot/"+step)
+			cfg := n.cfg
+			cfg.PoolSize = 0
+			c, err := New(context.Background(), cfg, n.templates)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if recs, _, _ := c.store.List(); len(recs) != 0 || c.PoolSize() != 0 {
+				t.Fatalf("half-made slot kept: %+v", recs)
+			}
+			assertClean(t, c)
+			id := "after-slot-" + step
+			if _, err := c.CreateSandbox(context.Background(), createReq(id)); err != nil {
+				t.Fatal(err)
+			}
+			if err := envdHealthy(t, c, id); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.KillSandbox(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			assertClean(t, c)
 		})
 	}
 }

@@ -2,13 +2,13 @@ package cubelet
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/failpoint"
@@ -17,10 +17,18 @@ import (
 )
 
 // Create steps, in order. Each is a failpoint name ("create/<step>") so tests
-// can crash the cubelet between any two of them.
-var CreateSteps = []string{
-	"after-record", "after-attach", "after-egress", "after-start", "after-mapping", "after-running",
-}
+// can crash the cubelet between any two of them. CreateSteps are the cold
+// path's (and a plain pool slot's); SlotCreateSteps a pre-started slot's
+// (take.go).
+var (
+	CreateSteps = []string{
+		"after-record", "after-attach", "after-egress", "after-start", "after-mapping", "after-running",
+	}
+	SlotCreateSteps = []string{
+		"after-record", "after-attach", "after-egress", "after-hostname", "after-files", "after-envd-init",
+		"after-limits", "after-mapping", "after-running",
+	}
+)
 
 // envdReadyTimeout bounds how long a create waits for envd to listen.
 const envdReadyTimeout = 30 * time.Second
@@ -31,6 +39,8 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if !validID(req.SandboxID) {
 		return Sandbox{}, fmt.Errorf("sandbox id %q: %w", req.SandboxID, errdefs.ErrInvalidArgument)
 	}
+	c.pool.creating.Add(1)
+	defer c.pool.creating.Add(-1)
 	tmpl, err := c.template(ctx, req.Template)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("template %q: %w", req.Template, err)
@@ -50,11 +60,19 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if rec.Generation, err = c.store.NextGeneration(); err != nil {
 		return Sandbox{}, err
 	}
-	slot, fromPool := c.takeSlot()
+	ps, fromPool := c.takeSlot(tmpl)
+	for fromPool && ps.prestarted() && !ps.alive() {
+		c.discardSlot(ps)
+		ps, fromPool = c.takeSlot(tmpl)
+	}
+	if fromPool && ps.prestarted() {
+		return c.createFromSlot(ctx, req, rec, ps)
+	}
+	slot := ps.rec
 	ip, hostPort, release, err := c.allocate(ctx, slot)
 	if err != nil {
 		if fromPool {
-			c.returnSlot(slot)
+			c.returnSlot(ps)
 		}
 		return Sandbox{}, err
 	}
@@ -72,7 +90,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	}
 	if err != nil {
 		if fromPool {
-			c.returnSlot(slot)
+			c.returnSlot(ps)
 		}
 		return Sandbox{}, fmt.Errorf("write owner record: %w", err)
 	}
@@ -87,7 +105,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 				// The slot's endpoint may still carry the slot's name.
 				c.dp.Detach(cctx, slot.ID)
 				os.Remove(c.slotDisk(slot.ID))
-				os.Remove(c.slotDisk(slot.ID) + ".json")
+				os.Remove(c.slotFilePath(slot.ID))
 			}
 		}
 	}()
@@ -98,7 +116,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	var ep cubevs.Endpoint
 	if fromPool {
 		ep, err = c.dp.Rename(ctx, slot.ID, rec.ID, ip)
-		os.Remove(c.slotDisk(slot.ID) + ".json")
+		os.Remove(c.slotFilePath(slot.ID))
 	} else {
 		ep, err = c.dp.Attach(ctx, rec.ID, ip)
 	}
@@ -115,7 +133,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 		return Sandbox{}, err
 	}
 
-	spec, err := c.runtimeSpec(req, rec, tmpl.RootfsPath, ep.NetNSPath)
+	spec, err := c.runtimeSpec(rec, req.EnvdAccessToken, req.EnvVars, tmpl.RootfsPath, ep.NetNSPath)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -143,23 +161,27 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	return toSandbox(rec), nil
 }
 
-// runtimeSpec builds the namespace runtime's blueprint for one sandbox.
-func (c *Cubelet) runtimeSpec(req CreateRequest, rec nodestore.Sandbox, rootfs, netnsPath string) (nsrt.Spec, error) {
+// runtimeSpec builds the namespace runtime's blueprint for one sandbox (or
+// pre-started pool slot), named by rec.Runtime().
+func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[string]string, rootfs, netnsPath string) (nsrt.Spec, error) {
 	envdCfg, err := json.Marshal(map[string]any{
-		"accessToken": req.EnvdAccessToken,
-		"envVars":     req.EnvVars,
-		"defaultUser": "user",
+		"accessToken": token,
+		"envVars":     envVars,
+		"defaultUser": envdDefaultUser,
 	})
 	if err != nil {
 		return nsrt.Spec{}, err
 	}
-	dir := c.sandboxDir(rec.ID)
+	dir := c.sandboxDir(rec.Runtime())
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nsrt.Spec{}, fmt.Errorf("sandbox state dir: %w", err)
 	}
-	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", rec.IP, rec.ID)
+	userns, err := nsrt.ResolveUserNS(c.log, c.cfg.UserNS, userNSSlot(c.cfg.Network.NodeCIDR, rec.IP), rootfs, dir)
+	if err != nil {
+		return nsrt.Spec{}, err
+	}
 	return nsrt.Spec{
-		ID:        rec.ID,
+		ID:        rec.Runtime(),
 		StateDir:  dir,
 		Rootfs:    rootfs,
 		NetNSPath: netnsPath,
@@ -169,24 +191,63 @@ func (c *Cubelet) runtimeSpec(req CreateRequest, rec nodestore.Sandbox, rootfs, 
 		Binds:     []nsrt.Bind{{Source: c.cfg.EnvdPath, Target: "/.cube/envd", ReadOnly: true}},
 		Files: map[string]nsrt.FileSpec{
 			"/etc/resolv.conf": {Data: c.dp.ResolvConf(), Mode: 0o644},
-			"/etc/hosts":       {Data: []byte(hosts), Mode: 0o644},
-			"/etc/hostname":    {Data: []byte(rec.ID + "\n"), Mode: 0o644},
+			"/etc/hosts":       {Data: hostsFile(rec), Mode: 0o644},
+			"/etc/hostname":    {Data: hostnameFile(rec), Mode: 0o644},
 			"/.cube/envd.json": {Data: envdCfg, Mode: 0o600},
 		},
-		Resources:    cgroup.Resources{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: 4096},
+		Resources:    sandboxResources(rec),
 		DiskSizeMB:   c.diskSizeMB(rec),
 		CgroupParent: c.cfg.CgroupParent,
 		ReadyTimeout: envdReadyTimeout,
+		UserNS:       userns,
+		// envd's pid-1 mode adopts the envd started in the user namespace.
+		Reaper: []string{"/.cube/envd"},
 	}, nil
 }
+
+// userNSSlot is the sandbox's user namespace id range index: its IP's
+// offset in the node CIDR, unique among the node's live sandboxes.
+func userNSSlot(cidr netip.Prefix, ip netip.Addr) int {
+	if !ip.Is4() || !cidr.Addr().Is4() {
+		return 0
+	}
+	a, b := ip.As4(), cidr.Masked().Addr().As4()
+	return int(binary.BigEndian.Uint32(a[:]) - binary.BigEndian.Uint32(b[:]))
+}
+
+// envdDefaultUser runs envd's commands when a request names no user.
+const envdDefaultUser = "user"
+
+func hostsFile(rec nodestore.Sandbox) []byte {
+	return fmt.Appendf(nil, "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", rec.IP, rec.ID)
+}
+
+func hostnameFile(rec nodestore.Sandbox) []byte { return []byte(rec.ID + "\n") }
 
 // allocate reserves a sandbox IP (a pool slot's, when given) and a host
 // port for envd. The reservation is dropped by release once the owner
 // record holds them (or create failed).
 func (c *Cubelet) allocate(ctx context.Context, slot nodestore.Sandbox) (netip.Addr, uint16, func(), error) {
+	// After a Reconcile every kernel mapping's port is held by a record or
+	// a reservation (the cubelet records a port before mapping it and
+	// forgets it only after unmapping it), or is a stray port it noted, so
+	// the kernel's mappings need not be read: reading them waits for the
+	// dataplane, which concurrent creates hold. Before a Reconcile they
+	// are read first, outside c.mu: a mapping made after the read has its
+	// port in a record or a reservation, both read under c.mu.
+	var maps []cubevs.Mapping
+	c.mu.Lock()
+	reconciled := c.reconciled
+	c.mu.Unlock()
+	if !reconciled {
+		var err error
+		if maps, err = c.dp.Mappings(ctx); err != nil {
+			return netip.Addr{}, 0, nil, fmt.Errorf("read mappings: %w", err)
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	takenIPs, takenPorts, err := c.taken(ctx)
+	takenIPs, takenPorts, err := c.takenWith(maps)
 	if err != nil {
 		return netip.Addr{}, 0, nil, err
 	}
@@ -215,6 +276,16 @@ func (c *Cubelet) allocate(ctx context.Context, slot nodestore.Sandbox) (netip.A
 // mapping whose owner is gone is swept by Reconcile, never reused blindly).
 // Callers hold c.mu.
 func (c *Cubelet) taken(ctx context.Context) (map[netip.Addr]bool, map[uint16]bool, error) {
+	maps, err := c.dp.Mappings(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read mappings: %w", err)
+	}
+	return c.takenWith(maps)
+}
+
+// takenWith is taken with the kernel's mappings read by the caller, before
+// it took c.mu. Callers hold c.mu.
+func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uint16]bool, error) {
 	ips := map[netip.Addr]bool{}
 	ports := map[uint16]bool{}
 	for ip := range c.reservedIPs {
@@ -233,12 +304,11 @@ func (c *Cubelet) taken(ctx context.Context) (map[netip.Addr]bool, map[uint16]bo
 			ports[hp] = true
 		}
 	}
-	maps, err := c.dp.Mappings(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read mappings: %w", err)
-	}
 	for _, m := range maps {
 		ports[m.HostPort] = true
+	}
+	for p := range c.strayPorts {
+		ports[p] = true
 	}
 	return ips, ports, nil
 }

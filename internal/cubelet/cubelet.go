@@ -19,11 +19,15 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox.
 const EnvdPort = 49983
+
+// DefaultPoolTemplate is the template pre-started pool slots run.
+const DefaultPoolTemplate = "base"
 
 // Config configures a cubelet.
 type Config struct {
@@ -50,6 +54,16 @@ type Config struct {
 	// PoolSize is how many pre-provisioned slots the warm pool keeps
 	// (0 disables it: every create is cold).
 	PoolSize int
+	// PoolPrestart makes slots pre-started sandboxes of PoolTemplate (see
+	// pool.go); false keeps plain slots (IP + netns + veth + disk image).
+	PoolPrestart bool
+	// PoolTemplate is the template pre-started slots run
+	// (default DefaultPoolTemplate).
+	PoolTemplate string
+	// UserNS chooses whether sandboxes run in a user namespace (root inside
+	// is an unprivileged host id): auto (the default, ""), on or off; see
+	// nsrt.ResolveUserNS.
+	UserNS nsrt.UserNSMode
 	// Network configures CubeVS.
 	Network cubevs.Config
 	// Logger receives the cubelet's logs.
@@ -73,6 +87,12 @@ type Cubelet struct {
 	// reserved holds IPs and ports handed out but not yet in a record.
 	reservedIPs   map[netip.Addr]bool
 	reservedPorts map[uint16]bool
+	// strayPorts are host ports mapped in the kernel without an owner
+	// record after the last Reconcile (a sweep that failed); reconciled
+	// says that one ran, so creates need not read the kernel's mappings
+	// (see allocate).
+	strayPorts map[uint16]bool
+	reconciled bool
 
 	pool      pool
 	stopPool  context.CancelFunc
@@ -149,7 +169,10 @@ func (c *Cubelet) Close() error {
 
 func (cfg Config) sandboxesDir() string { return filepath.Join(cfg.StateDir, "sandboxes") }
 
-func (c *Cubelet) sandboxDir(id string) string { return filepath.Join(c.cfg.sandboxesDir(), id) }
+// sandboxDir is the state dir of the runtime called name: a record's
+// Runtime(), which is a pool slot's id for a sandbox made from a
+// pre-started slot.
+func (c *Cubelet) sandboxDir(name string) string { return filepath.Join(c.cfg.sandboxesDir(), name) }
 
 // lock serialises operations on one sandbox id.
 func (c *Cubelet) lock(id string) func() {

@@ -54,8 +54,9 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 		want[id] = true
 	}
 	// Kernel state first, records second: the refill loop may be making a
-	// slot right now, and its record is written before its endpoint, so
-	// every endpoint seen here has its record in the listing below.
+	// slot right now, and its record is written before its endpoint, state
+	// dir and cgroup, so every one seen here has its record in the listing
+	// below.
 	maps, err := c.dp.Mappings(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +65,8 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dirs := c.stateDirIDs()
+	ids, _ := cgroup.List(c.cfg.CgroupParent)
 	recs, bad, _ := c.store.List()
 	for _, r := range recs {
 		if r.State == nodestore.StatePooled {
@@ -72,16 +75,21 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 			want[r.ID] = true
 		}
 	}
+	// State dirs and cgroups are named by the record's runtime (a slot's
+	// id for a sandbox made from a pre-started slot).
+	wantRT := map[string]bool{}
 	for _, r := range recs {
 		if !want[r.ID] {
 			t.Errorf("leftover record %s (%s)", r.ID, r.State)
+			continue
 		}
+		wantRT[r.Runtime()] = true
 	}
 	if len(bad) > 0 {
 		t.Errorf("bad records: %v", bad)
 	}
-	for _, id := range c.stateDirIDs() {
-		if !want[id] {
+	for _, id := range dirs {
+		if !wantRT[id] {
 			t.Errorf("leftover state dir %s", id)
 		}
 	}
@@ -95,9 +103,8 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 			t.Errorf("leftover endpoint %+v", ep)
 		}
 	}
-	ids, _ := cgroup.List(c.cfg.CgroupParent)
 	for _, id := range ids {
-		if validID(id) && !want[id] {
+		if validID(id) && !wantRT[id] {
 			t.Errorf("leftover cgroup %s", id)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
@@ -31,6 +32,10 @@ func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
 // returns them joined; the record stays if anything is left, so the next
 // Reconcile retries.
 func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
+	rt := rec.Runtime()
+	// A sandbox made from a pre-started slot that never ran may still have
+	// the endpoint under the slot's name (crash before the rename).
+	detachSlot := rt != rec.ID && rec.State != nodestore.StateRunning
 	if rec.State != nodestore.StateDeleting {
 		rec.State = nodestore.StateDeleting
 		if err := c.store.Put(rec); err != nil {
@@ -41,7 +46,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 		return err
 	}
 	var errs []error
-	dir := c.sandboxDir(rec.ID)
+	dir := c.sandboxDir(rt)
 	if sb, err := nsrt.Attach(ctx, dir); err == nil {
 		if err := sb.Kill(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("kill sandbox: %w", err))
@@ -63,11 +68,20 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	if err := c.dp.Detach(ctx, rec.ID); err != nil {
 		errs = append(errs, fmt.Errorf("detach network: %w", err))
 	}
+	if detachSlot {
+		if err := c.dp.Detach(ctx, rt); err != nil {
+			errs = append(errs, fmt.Errorf("detach slot network: %w", err))
+		}
+	}
 	if err := failpoint.Hit("destroy/after-detach"); err != nil {
 		return err
 	}
-	if err := nsrt.Cleanup(ctx, dir, c.cfg.CgroupParent, rec.ID); err != nil {
+	if err := nsrt.Cleanup(ctx, dir, c.cfg.CgroupParent, rt); err != nil {
 		errs = append(errs, fmt.Errorf("clean up runtime state: %w", err))
+	}
+	if isSlot(rt) {
+		os.Remove(c.slotDisk(rt))
+		os.Remove(c.slotFilePath(rt))
 	}
 	if len(errs) > 0 {
 		return errors.Join(errs...)

@@ -14,14 +14,14 @@ import (
 // the overlay upper dir against the template's disk size.
 func (c *Cubelet) diskUsage(ctx context.Context, rec nodestore.Sandbox) (used, total int64) {
 	if c.diskSizeMB(rec) > 0 {
-		if sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.ID)); err == nil {
+		if sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime())); err == nil {
 			defer sb.Close()
 			if used, total, err := nsrt.DiskUsage(sb.InitPID()); err == nil {
 				return used, total
 			}
 		}
 	}
-	filepath.WalkDir(filepath.Join(c.sandboxDir(rec.ID), "upper"), func(_ string, d fs.DirEntry, err error) error {
+	filepath.WalkDir(filepath.Join(c.sandboxDir(rec.Runtime()), "upper"), func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return nil
 		}

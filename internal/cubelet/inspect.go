@@ -98,16 +98,21 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	live := map[string]bool{}
+	// live is keyed by sandbox (and slot) id, which names mappings and
+	// endpoints; liveRT by runtime name, which names state dirs and
+	// cgroups (a record's Runtime(): a slot's id for a sandbox made from a
+	// pre-started slot).
+	live, liveRT := map[string]bool{}, map[string]bool{}
 	for id, r := range recs {
-		if r.State == nodestore.StatePooled {
-			live[id] = true // a warm-pool slot: owned by the pool, no shim
-			continue
+		alive := r.State == nodestore.StatePooled && r.Template == "" // a plain warm-pool slot: owned by the pool, no shim
+		if !alive {
+			alive = probeShim(ctx, cfg, r.Runtime())
 		}
-		alive := probeShim(ctx, cfg, id)
 		switch {
 		case alive:
-			live[id] = true
+			live[id], liveRT[r.Runtime()] = true, true
+		case r.State == nodestore.StatePooled:
+			in.add(FindingDeadShim, "problem", "pool slot "+id, "pre-started slot's sandbox does not run; reconcile drops the slot")
 		case r.State == nodestore.StateRunning:
 			in.add(FindingDeadShim, "problem", "sandbox "+id, "record says running but the shim does not answer; reconcile reaps it")
 		default:
@@ -115,10 +120,13 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 		}
 	}
 	stateIDs := stateDirIDs(cfg)
-	for _, id := range stateIDs {
-		if _, ok := recs[id]; !ok && in.Source == SourceStateDirs && probeShim(ctx, cfg, id) {
+	for _, name := range stateIDs {
+		if !liveRT[name] && in.Source == SourceStateDirs && probeShim(ctx, cfg, name) {
 			// A create in progress: its record.json is written once it runs.
-			live[id] = true
+			liveRT[name] = true
+			if !isSlot(name) {
+				live[name] = true
+			}
 		}
 	}
 	for id := range live {
@@ -129,15 +137,15 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	if err := inspectDataplane(ctx, cfg, in, recs, live); err != nil {
 		return nil, err
 	}
-	for _, id := range stateIDs {
-		if !live[id] {
-			in.add(FindingStateDir, StatusOrphan, filepath.Join(cfg.sandboxesDir(), id), "no live owner")
+	for _, name := range stateIDs {
+		if !liveRT[name] {
+			in.add(FindingStateDir, StatusOrphan, filepath.Join(cfg.sandboxesDir(), name), "no live owner")
 		}
 	}
 	if ids, err := cgroup.List(cfg.cgroupParent()); err == nil {
-		for _, id := range ids {
-			if validID(id) && !live[id] {
-				in.add(FindingCgroup, StatusOrphan, cfg.cgroupParent()+"/"+id, "no live owner")
+		for _, name := range ids {
+			if validID(name) && !liveRT[name] {
+				in.add(FindingCgroup, StatusOrphan, cfg.cgroupParent()+"/"+name, "no live owner")
 			}
 		}
 	}
@@ -247,17 +255,17 @@ func loadRecords(cfg Config, in *Inspection) (map[string]nodestore.Sandbox, erro
 		in.Source, in.Note = SourceStateDirs, "node store "+path+" is held by a running cubelet; owner records read from the state dirs (creates in progress may be missing)"
 	}
 	if in.Source == SourceStateDirs {
-		for _, id := range stateDirIDs(cfg) {
-			data, err := os.ReadFile(filepath.Join(cfg.sandboxesDir(), id, recordFile))
+		for _, name := range stateDirIDs(cfg) {
+			data, err := os.ReadFile(filepath.Join(cfg.sandboxesDir(), name, recordFile))
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
 			var r nodestore.Sandbox
-			if err != nil || json.Unmarshal(data, &r) != nil || r.ID != id {
-				in.add(FindingBadRecord, "problem", filepath.Join(cfg.sandboxesDir(), id, recordFile), "unreadable owner record copy")
+			if err != nil || json.Unmarshal(data, &r) != nil || r.Runtime() != name || !validID(r.ID) {
+				in.add(FindingBadRecord, "problem", filepath.Join(cfg.sandboxesDir(), name, recordFile), "unreadable owner record copy")
 				continue
 			}
-			out[id] = r
+			out[r.ID] = r
 		}
 		// Warm-pool slots keep their record copy next to their disk image.
 		slots, _ := filepath.Glob(filepath.Join(cfg.StateDir, "pool", poolPrefix+"*.json"))
@@ -361,10 +369,11 @@ func shimAliveIn(ctx context.Context, stateDir string) bool {
 	return err == nil && st.Running
 }
 
-func probeShim(ctx context.Context, cfg Config, id string) bool {
+// probeShim probes the shim of the runtime called name.
+func probeShim(ctx context.Context, cfg Config, name string) bool {
 	ctx, cancel := context.WithTimeout(ctx, shimTimeout)
 	defer cancel()
-	return shimAliveIn(ctx, filepath.Join(cfg.sandboxesDir(), id))
+	return shimAliveIn(ctx, filepath.Join(cfg.sandboxesDir(), name))
 }
 
 func stateDirIDs(cfg Config) []string {

@@ -35,6 +35,8 @@ func TestMain(m *testing.M) {
 			os.Exit(crashCreateMain(os.Args[2:]))
 		case "cubelet-kill":
 			os.Exit(crashKillMain(os.Args[2:]))
+		case "cubelet-pool":
+			os.Exit(crashPoolMain(os.Args[2:]))
 		}
 	}
 	if os.Geteuid() != 0 {
@@ -93,6 +95,9 @@ func newTestNode(t *testing.T) *node {
 			EnvdPath:     envdBinary,
 			EnvdVersion:  "0.0.0-test",
 			CgroupParent: "cube-test-" + tag,
+			// Pool tests run pre-started slots unless they turn it off.
+			PoolPrestart: true,
+			PoolTemplate: "tiny",
 			Network:      net,
 			Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		},

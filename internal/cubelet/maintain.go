@@ -40,12 +40,12 @@ func (c *Cubelet) reapDead(ctx context.Context) []string {
 	}
 	var reaped []string
 	for _, r := range recs {
-		if r.State != nodestore.StateRunning || c.shimAlive(ctx, r.ID) {
+		if r.State != nodestore.StateRunning || c.shimAlive(ctx, r.Runtime()) {
 			continue
 		}
 		unlock := c.lock(r.ID)
 		cur, err := c.store.Get(r.ID)
-		if err != nil || cur.State != nodestore.StateRunning || c.shimAlive(ctx, r.ID) {
+		if err != nil || cur.State != nodestore.StateRunning || c.shimAlive(ctx, cur.Runtime()) {
 			unlock() // changed meanwhile (killed, or a false alarm)
 			continue
 		}

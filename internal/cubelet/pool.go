@@ -8,11 +8,15 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/failpoint"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
@@ -20,27 +24,94 @@ import (
 
 // The warm pool keeps pre-provisioned slots so a create skips the slowest
 // cold steps. A slot is an owner record (state "pooled", id "pool-<hex>")
-// owning an IP, a pinned netns with its veth in the dataplane and, when
-// disks are limited, a formatted disk image in <state>/pool/<id>.img. A
-// create takes a slot: its record is replaced by the sandbox's in one
-// transaction and the endpoint is renamed to the sandbox (cubevs.Rename),
-// so afterwards every kernel object carries the sandbox's id. An empty pool
+// owning an IP and a pinned netns with its veth in the dataplane, plus
+// either
+//
+//   - (plain slot) when disks are limited, a formatted disk image in
+//     <state>/pool/<id>.img, or
+//   - (pre-started slot, Config.PoolPrestart) a fully running sandbox of
+//     the pool template (Config.PoolTemplate, default CPU/memory/disk) whose
+//     envd listens but is unconfigured: it accepts only the slot's own
+//     access token and no host port is mapped to it. Its state dir, cgroup
+//     and shim carry the slot's id. The slot record's Template is set.
+//
+// A create takes a slot: its record is replaced by the sandbox's in one
+// transaction and the endpoint is renamed to the sandbox (cubevs.Rename).
+// A pre-started slot is then personalised (take.go) and its runtime
+// objects keep the slot's name (the record's RuntimeID). An empty pool
 // never blocks a create: it takes the cold path. Slots are reconciled like
 // sandboxes (see reconcilePool).
+//
+// Slot steps, in order, each a failpoint "slot/<step>".
+var SlotSteps = []string{"after-record", "after-attach", "after-start"}
 
 // poolPrefix marks slot ids; sandbox ids never start with it (the master
 // generates [a-z0-9]{20}).
 const poolPrefix = "pool-"
 
-// poolDiskSizeMB is the disk size slots are pre-formatted for: the template
-// default. Sandboxes of other sizes format their own at start.
+// poolDiskSizeMB is the disk size plain slots are pre-formatted for: the
+// template default. Sandboxes of other sizes format their own at start.
 const poolDiskSizeMB = template.DefaultDiskSizeMB
+
+// poolSlot is a ready slot as the pool keeps it in memory.
+type poolSlot struct {
+	rec nodestore.Sandbox
+	// digest is the template content a pre-started slot runs.
+	digest string
+	// token is the access token of a pre-started slot's unconfigured envd.
+	token string
+	// initPID is the host pid of a pre-started slot's init, and initNS
+	// the identity of its network namespace (which tells a live init from
+	// a reused pid).
+	initPID int
+	initNS  nsID
+	// shim is the slot's shim process (pid and start time).
+	shim procID
+}
+
+// discardSlot sets a slot that cannot be used aside for the refill loop
+// to drop.
+func (c *Cubelet) discardSlot(s poolSlot) {
+	c.log.Warn("warm pool: pre-started slot's sandbox is gone; dropping the slot", "slot", s.rec.ID)
+	c.pool.mu.Lock()
+	c.pool.stale = append(c.pool.stale, s)
+	c.pool.mu.Unlock()
+	c.kickPool()
+}
+
+func (s poolSlot) prestarted() bool { return s.rec.Template != "" }
+
+// slotFile is the copy of a slot's record kept in <state>/pool/<id>.json,
+// written last: it marks the slot complete. It decodes as a
+// nodestore.Sandbox for operator tools.
+type slotFile struct {
+	nodestore.Sandbox
+	TemplateDigest string `json:"templateDigest,omitempty"`
+	EnvdToken      string `json:"envdToken,omitempty"`
+}
 
 type pool struct {
 	mu       sync.Mutex
-	ready    []nodestore.Sandbox
+	ready    []poolSlot
+	stale    []poolSlot // slots to drop: of a replaced template, or whose sandbox died
 	building int
 	kick     chan struct{}
+	// creating counts creates in flight: a refill waits for a quiet
+	// moment (at most refillYield) so it does not take CPU from them.
+	creating atomic.Int32
+}
+
+// refillYield is the longest a refill waits for creates in flight to end
+// before it makes a slot anyway (under sustained load the pool must still
+// refill, or every create goes cold).
+const refillYield = 250 * time.Millisecond
+
+// yieldToCreates waits until no create is in flight, at most refillYield.
+func (c *Cubelet) yieldToCreates(ctx context.Context) {
+	deadline := time.Now().Add(refillYield)
+	for c.pool.creating.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func isSlot(id string) bool { return strings.HasPrefix(id, poolPrefix) }
@@ -49,20 +120,54 @@ func (c *Cubelet) poolDir() string { return filepath.Join(c.cfg.StateDir, "pool"
 
 func (c *Cubelet) slotDisk(id string) string { return filepath.Join(c.poolDir(), id+".img") }
 
-// takeSlot pops a ready slot, if any, and asks for a refill.
-func (c *Cubelet) takeSlot() (nodestore.Sandbox, bool) {
-	c.pool.mu.Lock()
-	defer c.pool.mu.Unlock()
+func (c *Cubelet) slotFilePath(id string) string { return c.slotDisk(id) + ".json" }
+
+func (c *Cubelet) kickPool() {
 	select {
 	case c.pool.kick <- struct{}{}:
 	default:
 	}
-	if len(c.pool.ready) == 0 {
-		return nodestore.Sandbox{}, false
+}
+
+// takeSlot pops a ready slot for a sandbox of tmpl, if any, and asks for a
+// refill: a pre-started slot running tmpl at its disk size first, else a
+// plain slot. Pre-started slots of an older version of tmpl are set aside
+// for the refill loop to drop.
+func (c *Cubelet) takeSlot(tmpl template.Template) (poolSlot, bool) {
+	c.pool.mu.Lock()
+	defer c.pool.mu.Unlock()
+	defer c.kickPool()
+	pick := -1
+	for i := len(c.pool.ready) - 1; i >= 0; i-- {
+		s := c.pool.ready[i]
+		if s.prestarted() && s.rec.Template == tmpl.Name && s.digest != tmpl.Digest {
+			c.pool.stale = append(c.pool.stale, s)
+			c.pool.ready = append(c.pool.ready[:i], c.pool.ready[i+1:]...)
+			if pick > i {
+				pick--
+			}
+			continue
+		}
+		if s.prestarted() && c.slotFits(s, tmpl) {
+			pick = i
+			break
+		}
+		if !s.prestarted() && pick < 0 {
+			pick = i
+		}
 	}
-	s := c.pool.ready[len(c.pool.ready)-1]
-	c.pool.ready = c.pool.ready[:len(c.pool.ready)-1]
+	if pick < 0 {
+		return poolSlot{}, false
+	}
+	s := c.pool.ready[pick]
+	c.pool.ready = append(c.pool.ready[:pick], c.pool.ready[pick+1:]...)
 	return s, true
+}
+
+// slotFits reports whether a pre-started slot can become a sandbox of tmpl:
+// same template content and disk size (CPU and memory are set at take).
+func (c *Cubelet) slotFits(s poolSlot, tmpl template.Template) bool {
+	return s.rec.Template == tmpl.Name && s.digest == tmpl.Digest && s.rec.DiskSizeMB == tmpl.DiskSizeMB
 }
 
 // PoolSize reports ready slots.
@@ -72,13 +177,45 @@ func (c *Cubelet) PoolSize() int {
 	return len(c.pool.ready)
 }
 
-// runPool refills the pool up to cfg.PoolSize until ctx ends.
+// poolWorkers is how many slots are made at once: a burst of creates
+// empties the pool faster than one worker refills it.
+func poolWorkers(size int) int { return max(1, min(size, runtime.NumCPU(), 4)) }
+
+// runPool refills the pool up to cfg.PoolSize until ctx ends, with a few
+// workers in parallel.
 func (c *Cubelet) runPool(ctx context.Context) {
-	for {
+	var wg sync.WaitGroup
+	for range poolWorkers(c.cfg.PoolSize) {
+		wg.Go(func() { c.refill(ctx) })
+	}
+	wg.Wait()
+}
+
+func (c *Cubelet) refill(ctx context.Context) {
+	for ctx.Err() == nil {
 		c.pool.mu.Lock()
-		need := c.cfg.PoolSize - len(c.pool.ready)
-		c.pool.mu.Unlock()
+		if n := len(c.pool.stale); n > 0 {
+			s := c.pool.stale[n-1]
+			c.pool.stale = c.pool.stale[:n-1]
+			c.pool.mu.Unlock()
+			if err := c.dropSlot(context.WithoutCancel(ctx), s.rec); err != nil {
+				// Retried: a shim that is still exiting answers neither
+				// way for a moment.
+				c.log.Warn("warm pool: drop slot; retrying", "slot", s.rec.ID, "err", err)
+				c.pool.mu.Lock()
+				c.pool.stale = append(c.pool.stale, s)
+				c.pool.mu.Unlock()
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+			}
+			continue
+		}
+		need := c.cfg.PoolSize - len(c.pool.ready) - c.pool.building
 		if need <= 0 {
+			c.pool.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
@@ -86,7 +223,19 @@ func (c *Cubelet) runPool(ctx context.Context) {
 			}
 			continue
 		}
+		c.pool.building++
+		c.pool.mu.Unlock()
+		if need > 1 {
+			c.kickPool() // wake another worker
+		}
+		c.yieldToCreates(ctx)
 		slot, err := c.makeSlot(ctx)
+		c.pool.mu.Lock()
+		c.pool.building--
+		if err == nil {
+			c.pool.ready = append(c.pool.ready, slot)
+		}
+		c.pool.mu.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -97,55 +246,121 @@ func (c *Cubelet) runPool(ctx context.Context) {
 				return
 			case <-time.After(time.Second):
 			}
-			continue
 		}
-		c.pool.mu.Lock()
-		c.pool.ready = append(c.pool.ready, slot)
-		c.pool.mu.Unlock()
 	}
 }
 
-// makeSlot provisions one slot, recording it before any kernel object.
-func (c *Cubelet) makeSlot(ctx context.Context) (rec nodestore.Sandbox, err error) {
+// makeSlot provisions one slot, recording it before any kernel object: a
+// pre-started one when configured and the pool template is available, else
+// a plain one.
+func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
+	var tmpl template.Template
+	if c.cfg.PoolPrestart {
+		tmpl, err = c.template(ctx, c.poolTemplate())
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return s, err
+		}
+		if err != nil {
+			c.log.Warn("warm pool: pool template missing; making a plain slot", "template", c.poolTemplate(), "err", err)
+		}
+	}
 	b := make([]byte, 6)
 	rand.Read(b)
-	rec = nodestore.Sandbox{ID: poolPrefix + hex.EncodeToString(b), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}
+	s.rec = nodestore.Sandbox{ID: poolPrefix + hex.EncodeToString(b), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}
+	if tmpl.Name != "" {
+		s.rec.Template, s.digest = tmpl.Name, tmpl.Digest
+		s.rec.CPUCount, s.rec.MemoryMB, s.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
+		s.rec.EnvdVersion = c.cfg.EnvdVersion
+		s.token = randomHex(16)
+	}
 	c.mu.Lock()
-	ips, _, err := c.taken(ctx)
+	ips, _, err := c.takenWith(nil) // IPs only: kernel mappings hold ports
 	if err == nil {
-		rec.IP, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
+		s.rec.IP, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
 	}
 	if err == nil {
-		err = c.store.Put(rec)
+		err = c.store.Put(s.rec)
 	}
 	c.mu.Unlock()
 	if err != nil {
-		return rec, err
+		return s, err
 	}
 	defer func() {
 		if err != nil {
-			c.dropSlot(context.WithoutCancel(ctx), rec)
+			c.dropSlot(context.WithoutCancel(ctx), s.rec)
 		}
 	}()
-	if _, err := c.dp.Attach(ctx, rec.ID, rec.IP); err != nil {
-		return rec, err
+	if err := failpoint.Hit("slot/after-record"); err != nil {
+		return s, err
 	}
-	if !c.cfg.NoDiskLimit {
-		if err := os.MkdirAll(c.poolDir(), 0o700); err != nil {
-			return rec, err
-		}
-		if err := nsrt.MakeDisk(c.slotDisk(rec.ID), poolDiskSizeMB); err != nil {
-			return rec, err
+	ep, err := c.dp.Attach(ctx, s.rec.ID, s.rec.IP)
+	if err != nil {
+		return s, err
+	}
+	if err := failpoint.Hit("slot/after-attach"); err != nil {
+		return s, err
+	}
+	if s.prestarted() {
+		s.initPID, s.shim, err = c.startSlot(ctx, s, tmpl, ep.NetNSPath)
+		s.initNS = netnsOf(s.initPID)
+	} else if !c.cfg.NoDiskLimit {
+		if err = os.MkdirAll(c.poolDir(), 0o700); err == nil {
+			err = nsrt.MakeDisk(c.slotDisk(s.rec.ID), poolDiskSizeMB)
 		}
 	}
-	return rec, c.writeSlotFile(rec)
+	if err != nil {
+		return s, err
+	}
+	if err := failpoint.Hit("slot/after-start"); err != nil {
+		return s, err
+	}
+	return s, c.writeSlotFile(s)
 }
 
-// dropSlot removes a slot's kernel objects, files and record.
+// startSlot starts a pre-started slot's sandbox: the pool template with
+// its default resources, envd protected by the slot's own token.
+func (c *Cubelet) startSlot(ctx context.Context, s poolSlot, tmpl template.Template, netnsPath string) (initPID int, shim procID, err error) {
+	spec, err := c.runtimeSpec(s.rec, s.token, nil, tmpl.RootfsPath, netnsPath)
+	if err != nil {
+		return 0, procID{}, err
+	}
+	sb, err := nsrt.Start(ctx, c.cfg.Exe, spec)
+	if err != nil {
+		return 0, procID{}, err
+	}
+	defer sb.Close()
+	return sb.InitPID(), procOf(sb.ShimPID()), nil
+}
+
+// slotProcs returns the init pid and shim of a pre-started slot whose
+// sandbox runs, or zeros.
+func (c *Cubelet) slotProcs(ctx context.Context, id string) (int, procID) {
+	sb, err := nsrt.Attach(ctx, c.sandboxDir(id))
+	if err != nil {
+		return 0, procID{}
+	}
+	defer sb.Close()
+	if st, err := sb.State(ctx); err != nil || !st.Running {
+		return 0, procID{}
+	}
+	return sb.InitPID(), procOf(sb.ShimPID())
+}
+
+func (c *Cubelet) poolTemplate() string {
+	if c.cfg.PoolTemplate == "" {
+		return DefaultPoolTemplate
+	}
+	return c.cfg.PoolTemplate
+}
+
+// dropSlot removes a slot's sandbox (if pre-started), kernel objects,
+// files and record.
 func (c *Cubelet) dropSlot(ctx context.Context, rec nodestore.Sandbox) error {
-	err := c.dp.Detach(ctx, rec.ID)
+	err := errors.Join(
+		nsrt.Cleanup(ctx, c.sandboxDir(rec.ID), c.cfg.CgroupParent, rec.ID),
+		c.dp.Detach(ctx, rec.ID))
 	os.Remove(c.slotDisk(rec.ID))
-	os.Remove(c.slotDisk(rec.ID) + ".json")
+	os.Remove(c.slotFilePath(rec.ID))
 	if err != nil {
 		return err
 	}
@@ -155,54 +370,74 @@ func (c *Cubelet) dropSlot(ctx context.Context, rec nodestore.Sandbox) error {
 // writeSlotFile keeps a copy of the slot record next to its disk, so
 // operator tools can tell pool slots from orphans while the store is held.
 // It is written last and marks the slot complete.
-func (c *Cubelet) writeSlotFile(rec nodestore.Sandbox) error {
+func (c *Cubelet) writeSlotFile(s poolSlot) error {
 	if err := os.MkdirAll(c.poolDir(), 0o700); err != nil {
 		return err
 	}
-	data, err := json.Marshal(rec)
+	data, err := json.Marshal(slotFile{Sandbox: s.rec, TemplateDigest: s.digest, EnvdToken: s.token})
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(c.slotDisk(rec.ID)+".json", data, 0o600)
+	return os.WriteFile(c.slotFilePath(s.rec.ID), data, 0o600)
+}
+
+// readSlotFile reads a slot's completion file back.
+func (c *Cubelet) readSlotFile(id string) (slotFile, error) {
+	var f slotFile
+	data, err := os.ReadFile(c.slotFilePath(id))
+	if err != nil {
+		return f, err
+	}
+	return f, json.Unmarshal(data, &f)
 }
 
 // DrainPool removes every ready slot (clean shutdown, tests).
 func (c *Cubelet) DrainPool(ctx context.Context) error {
 	c.pool.mu.Lock()
-	slots := c.pool.ready
-	c.pool.ready = nil
+	slots := append(c.pool.ready, c.pool.stale...)
+	c.pool.ready, c.pool.stale = nil, nil
 	c.pool.mu.Unlock()
 	var errs []error
 	for _, s := range slots {
-		errs = append(errs, c.dropSlot(ctx, s))
+		errs = append(errs, c.dropSlot(ctx, s.rec))
 	}
 	return errors.Join(errs...)
 }
 
-// reconcilePool keeps slots whose endpoint survived and drops the rest.
+// reconcilePool keeps complete slots whose endpoint survived (and, when
+// pre-started, whose sandbox still runs) and drops the rest.
 func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, endpoints map[string]bool) (kept int) {
 	c.pool.mu.Lock()
-	c.pool.ready = nil
+	c.pool.ready, c.pool.stale = nil, nil
 	c.pool.mu.Unlock()
-	for _, s := range slots {
+	for _, rec := range slots {
 		// The record copy is written last: without it the slot was cut
-		// short (its disk image may be half formatted).
-		_, doneErr := os.Stat(c.slotDisk(s.ID) + ".json")
-		if endpoints[s.ID] && doneErr == nil {
+		// short (its disk image may be half formatted, its sandbox half
+		// started).
+		f, doneErr := c.readSlotFile(rec.ID)
+		ok := endpoints[rec.ID] && doneErr == nil && f.ID == rec.ID
+		var pid int
+		var shim procID
+		if ok && rec.Template != "" {
+			pid, shim = c.slotProcs(ctx, rec.ID)
+			ok = f.EnvdToken != "" && pid > 0
+		}
+		if ok {
 			c.pool.mu.Lock()
-			c.pool.ready = append(c.pool.ready, s)
+			c.pool.ready = append(c.pool.ready, poolSlot{rec: rec, digest: f.TemplateDigest, token: f.EnvdToken,
+				initPID: pid, initNS: netnsOf(pid), shim: shim})
 			c.pool.mu.Unlock()
 			kept++
 			continue
 		}
-		if err := c.dropSlot(ctx, s); err != nil {
-			c.log.Warn("drop broken pool slot", "slot", s.ID, "err", err)
+		if err := c.dropSlot(ctx, rec); err != nil {
+			c.log.Warn("drop broken pool slot", "slot", rec.ID, "err", err)
 		}
 	}
 	return kept
 }
 
-// preparedDisk names the slot's image for a sandbox of that disk size.
+// preparedDisk names a plain slot's image for a sandbox of that disk size.
 func (c *Cubelet) preparedDisk(slot nodestore.Sandbox, diskSizeMB int) string {
 	if slot.ID == "" || diskSizeMB != poolDiskSizeMB || c.cfg.NoDiskLimit {
 		return ""
@@ -214,7 +449,7 @@ func (c *Cubelet) isReady(id string) bool {
 	c.pool.mu.Lock()
 	defer c.pool.mu.Unlock()
 	for _, s := range c.pool.ready {
-		if s.ID == id {
+		if s.rec.ID == id {
 			return true
 		}
 	}
@@ -222,8 +457,14 @@ func (c *Cubelet) isReady(id string) bool {
 }
 
 // returnSlot puts back a slot a create took but did not use.
-func (c *Cubelet) returnSlot(s nodestore.Sandbox) {
+func (c *Cubelet) returnSlot(s poolSlot) {
 	c.pool.mu.Lock()
 	c.pool.ready = append(c.pool.ready, s)
 	c.pool.mu.Unlock()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -52,14 +52,17 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			slots = append(slots, r)
 		}
 	}
-	// A lost store with live sandboxes: rebuild their records from state dirs.
-	for _, id := range c.stateDirIDs() {
-		if _, ok := owners[id]; ok {
+	// A lost store with live sandboxes: rebuild their records from state
+	// dirs (named by the record's Runtime(): its id, or a slot's).
+	names := runtimeNames(owners)
+	for _, name := range c.stateDirIDs() {
+		if names[name] {
 			continue
 		}
-		if r, ok := c.rebuildRecord(ctx, id); ok {
-			owners[id] = r
-			rep.Rebuilt = append(rep.Rebuilt, id)
+		if r, ok := c.rebuildRecord(ctx, name); ok && !names[r.ID] && c.store.Put(r) == nil {
+			owners[r.ID] = r
+			names[r.ID], names[name] = true, true
+			rep.Rebuilt = append(rep.Rebuilt, r.ID)
 		}
 	}
 	mappings, err := c.dp.Mappings(ctx)
@@ -110,14 +113,61 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		rep.Repaired += c.repairMappings(ctx, r, mappings)
 	}
 	rep.Orphans = c.sweepOrphans(ctx, owners, mappings)
+	c.noteStrayPorts(ctx)
 	rep.Duration = time.Since(start)
 	c.log.Info("node reconciled", "adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
 		"repaired", rep.Repaired, "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration)
 	return rep, nil
 }
 
-func (c *Cubelet) shimAlive(ctx context.Context, id string) bool {
-	return shimAliveIn(ctx, c.sandboxDir(id))
+// noteStrayPorts records the host ports still mapped in the kernel without
+// an owner record after the sweep (a removal failed), so allocation, which
+// does not read the kernel's mappings after a Reconcile, never hands them
+// out.
+func (c *Cubelet) noteStrayPorts(ctx context.Context) {
+	maps, err := c.dp.Mappings(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.reconciled = false
+		return
+	}
+	recs, _, err := c.store.List()
+	if err != nil {
+		c.reconciled = false
+		return
+	}
+	owned := map[uint16]bool{}
+	for _, r := range recs {
+		for _, hp := range r.Ports {
+			owned[hp] = true
+		}
+	}
+	c.strayPorts = map[uint16]bool{}
+	for _, m := range maps {
+		if !owned[m.HostPort] {
+			c.strayPorts[m.HostPort] = true
+		}
+	}
+	c.reconciled = true
+}
+
+// shimAlive reports whether the shim of the runtime called name answers and
+// its sandbox runs.
+func (c *Cubelet) shimAlive(ctx context.Context, name string) bool {
+	return shimAliveIn(ctx, c.sandboxDir(name))
+}
+
+// runtimeNames is the set of runtime names (state dirs, cgroups) owned by
+// records: each record's id and, for a sandbox made from a pre-started
+// slot, its RuntimeID.
+func runtimeNames(owners map[string]nodestore.Sandbox) map[string]bool {
+	names := make(map[string]bool, len(owners))
+	for id, r := range owners {
+		names[id] = true
+		names[r.Runtime()] = true
+	}
+	return names
 }
 
 // repairMappings re-adds any of r's mappings missing from the kernel and
@@ -170,14 +220,15 @@ func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.
 	if ents, err := os.ReadDir(c.poolDir()); err == nil {
 		for _, e := range ents {
 			id := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".json"), ".img")
-			if _, ok := owners[id]; !ok {
+			if r, ok := owners[id]; !ok || r.State != nodestore.StatePooled {
 				os.Remove(filepath.Join(c.poolDir(), e.Name()))
 				orphans = append(orphans, "pool file "+e.Name())
 			}
 		}
 	}
+	names := runtimeNames(owners)
 	for _, id := range c.stateDirIDs() {
-		if _, ok := owners[id]; ok {
+		if names[id] {
 			continue
 		}
 		dir := c.sandboxDir(id)
@@ -190,7 +241,7 @@ func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.
 	}
 	if ids, err := cgroup.List(c.cfg.CgroupParent); err == nil {
 		for _, id := range ids {
-			if _, ok := owners[id]; ok || !validID(id) {
+			if names[id] || !validID(id) {
 				continue
 			}
 			if cg, err := cgroup.Open(c.cfg.CgroupParent, id); err == nil {
@@ -218,17 +269,15 @@ func (c *Cubelet) stateDirIDs() []string {
 	return ids
 }
 
-// rebuildRecord restores an owner record from a live sandbox's state dir.
-func (c *Cubelet) rebuildRecord(ctx context.Context, id string) (nodestore.Sandbox, bool) {
-	data, err := os.ReadFile(filepath.Join(c.sandboxDir(id), recordFile))
+// rebuildRecord reads back the owner record of a live sandbox from its
+// state dir (named by the record's Runtime()).
+func (c *Cubelet) rebuildRecord(ctx context.Context, name string) (nodestore.Sandbox, bool) {
+	data, err := os.ReadFile(filepath.Join(c.sandboxDir(name), recordFile))
 	if err != nil {
 		return nodestore.Sandbox{}, false
 	}
 	var r nodestore.Sandbox
-	if err := json.Unmarshal(data, &r); err != nil || r.ID != id || !c.shimAlive(ctx, id) {
-		return nodestore.Sandbox{}, false
-	}
-	if err := c.store.Put(r); err != nil {
+	if err := json.Unmarshal(data, &r); err != nil || !validID(r.ID) || r.Runtime() != name || !c.shimAlive(ctx, name) {
 		return nodestore.Sandbox{}, false
 	}
 	return r, true
@@ -240,7 +289,7 @@ func (c *Cubelet) writeRecordFile(r nodestore.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	dir := c.sandboxDir(r.ID)
+	dir := c.sandboxDir(r.Runtime())
 	tmp := filepath.Join(dir, recordFile+".tmp")
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		return err
@@ -274,7 +323,7 @@ func (c *Cubelet) probeShims(ctx context.Context, owners map[string]nodestore.Sa
 		go func() {
 			defer wg.Done()
 			for id := range ids {
-				ok := c.shimAlive(ctx, id)
+				ok := c.shimAlive(ctx, owners[id].Runtime())
 				mu.Lock()
 				live[id] = ok
 				mu.Unlock()

@@ -52,6 +52,13 @@ func Main(args []string) int {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "envd")
 	if reaper.Needed() {
+		if pid, ok := reaper.Adopted(); ok {
+			code, err := reaper.Adopt(pid)
+			if err != nil {
+				logger.Error("pid 1 reaper failed", "err", err)
+			}
+			return code
+		}
 		code, err := reaper.Run(args, opts.readyFD)
 		if err != nil {
 			logger.Error("pid 1 reaper failed", "err", err)

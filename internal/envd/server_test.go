@@ -229,3 +229,63 @@ func jsonEqual(t *testing.T, got, want string) {
 		t.Errorf("got %s, want %s", got, want)
 	}
 }
+
+// TestInitHandsOverToken is the warm pool's take: envd started with a
+// slot's own token is configured through /init (authenticated with that
+// token) with the sandbox's token and env vars; from then on only the
+// sandbox's token works and processes see the env vars. An empty token
+// leaves envd open, as a sandbox created without one.
+func TestInitHandsOverToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *envd.Config) { c.AccessToken = "slot-token"; c.EnvVars = nil })
+	ctx := testCtx(t, 20*time.Second)
+	call := func(method, path, body, token string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, e.url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if got, _ := call("POST", "/init", `{"accessToken":"sbx-token","envVars":{"FROM_TAKE":"1"}}`, ""); got != http.StatusUnauthorized {
+		t.Fatalf("init without the slot token: %d", got)
+	}
+	if got, _ := call("POST", "/init", `{"accessToken":"sbx-token","envVars":{"FROM_TAKE":"1"}}`, "slot-token"); got != http.StatusNoContent {
+		t.Fatalf("init with the slot token: %d", got)
+	}
+	for _, tok := range []string{"", "slot-token"} {
+		if got, _ := call("GET", "/envs", "", tok); got != http.StatusUnauthorized {
+			t.Errorf("envs with token %q after take: %d", tok, got)
+		}
+		if got, _ := call("POST", "/init", `{"accessToken":""}`, tok); got != http.StatusUnauthorized {
+			t.Errorf("init with token %q after take: %d", tok, got)
+		}
+	}
+	got, body := call("GET", "/envs", "", "sbx-token")
+	var envs map[string]string
+	if got != http.StatusOK || json.Unmarshal(body, &envs) != nil || !reflect.DeepEqual(envs, map[string]string{"FROM_TAKE": "1"}) {
+		t.Fatalf("envs with the sandbox token: %d %s", got, body)
+	}
+	pc := processconnect.NewProcessClient(http.DefaultClient, e.url, connect.WithProtoJSON(), connect.WithInterceptors(tokenInterceptor("sbx-token")))
+	s, err := pc.Start(ctx, connect.NewRequest(startCmd(`echo "$FROM_TAKE"`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(t, s); strings.TrimSpace(string(r.stdout)) != "1" {
+		t.Fatalf("process env after take: %q %q", r.stdout, r.stderr)
+	}
+	// A sandbox created without a token: /init opens envd.
+	if got, _ := call("POST", "/init", `{"accessToken":""}`, "sbx-token"); got != http.StatusNoContent {
+		t.Fatalf("init to no token: %d", got)
+	}
+	if got, _ := call("GET", "/envs", "", ""); got != http.StatusOK {
+		t.Fatalf("envs without token after opening: %d", got)
+	}
+}

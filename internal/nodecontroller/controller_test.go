@@ -27,41 +27,8 @@ import (
 // drains the Cube node, deregisters it and releases the finalizer.
 func TestNodeController(t *testing.T) {
 	requireSuite(t)
-	name := "kn-" + randHex(3)
-	cube := newCubeEnv(t, name)
-
-	env := &envtest.Environment{BinaryAssetsDirectory: os.Getenv("KUBEBUILDER_ASSETS")}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("start envtest (KUBEBUILDER_ASSETS=%s): %v", os.Getenv("KUBEBUILDER_ASSETS"), err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Logf("stop envtest: %v", err)
-		}
-	})
-	kc := kubernetes.NewForConfigOrDie(cfg)
-
-	client, err := nodecontroller.NewHTTPCube(cube.url, cube.key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- nodecontroller.Run(ctx, cfg, nodecontroller.Options{
-			Cube: client, LeaderElection: true, LeaderElectionNamespace: "default",
-			Resync: 5 * time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-		})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	})
-
-	k := &kube{t: t, kc: kc, name: name}
+	cube, k := startSuite(t)
+	kc := k.kc
 	k.create(map[string]string{"cube.dev/compute": "true"}, nil)
 	k.waitFor("finalizer", func(n *corev1.Node) bool { return slices.Contains(n.Finalizers, nodecontroller.Finalizer) })
 	k.waitFor("lease", func(*corev1.Node) bool {
@@ -125,6 +92,47 @@ func TestNodeController(t *testing.T) {
 	if n := k.get(); n == nil || len(n.Finalizers) != 0 {
 		t.Fatalf("unmanaged node got finalizers: %+v", n)
 	}
+}
+
+// startSuite starts a cube server with one cubelet, a kube-apiserver and
+// the controller (leader-elected, 5 s resync); the kube drives the Node
+// named like the cubelet.
+func startSuite(t *testing.T) (*cubeEnv, *kube) {
+	t.Helper()
+	name := "kn-" + randHex(3)
+	cube := newCubeEnv(t, name)
+
+	env := &envtest.Environment{BinaryAssetsDirectory: os.Getenv("KUBEBUILDER_ASSETS")}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("start envtest (KUBEBUILDER_ASSETS=%s): %v", os.Getenv("KUBEBUILDER_ASSETS"), err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Logf("stop envtest: %v", err)
+		}
+	})
+	kc := kubernetes.NewForConfigOrDie(cfg)
+
+	client, err := nodecontroller.NewHTTPCube(cube.url, cube.key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- nodecontroller.Run(ctx, cfg, nodecontroller.Options{
+			Cube: client, LeaderElection: true, LeaderElectionNamespace: "default",
+			Resync: 5 * time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	return cube, &kube{t: t, kc: kc, name: name}
 }
 
 type drainStatus struct {

@@ -1,9 +1,10 @@
 // Package nodecontroller keeps Cube's node registry in step with Kubernetes
 // Nodes: kubectl cordon isolates the Cube node of the same name, uncordon
 // makes it schedulable again, the cube.dev/drain annotation drains it (with
-// progress written back to cube.dev/drain-status), and deleting the Node
-// drains and deregisters it. Only Nodes matching a label selector are
-// managed; a finalizer makes deletions observable.
+// progress written back to cube.dev/drain-status and to the Node conditions
+// CubeDrain and CubeSchedulable), and deleting the Node drains and
+// deregisters it. Only Nodes matching a label selector are managed; a
+// finalizer makes deletions observable.
 package nodecontroller
 
 import (
@@ -16,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -50,7 +52,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	hasFinalizer := controllerutil.ContainsFinalizer(&node, Finalizer)
 	if !r.Selector.Matches(labels.Set(node.Labels)) {
 		if hasFinalizer { // the label was removed: let go of the Node, leave Cube alone
-			log.Info("node no longer managed; removing finalizer")
+			log.Info("node no longer managed; removing finalizer and conditions")
+			// Conditions first: while the finalizer is there, a failure is retried.
+			if err := r.patchConditions(ctx, &node, nil, staleConditions(node.Status.Conditions)); err != nil {
+				return reconcile.Result{}, err
+			}
 			return reconcile.Result{}, r.patch(ctx, &node, "", true)
 		}
 		return reconcile.Result{}, nil
@@ -93,6 +99,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	if err := r.patch(ctx, &node, statusOf(w, found, st), false); err != nil {
+		return reconcile.Result{}, err
+	}
+	set := mergeConditions(node.Status.Conditions, conditionsOf(w, found, st), time.Now())
+	if err := r.patchConditions(ctx, &node, set, nil); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: requeueAfter(w, found, st, r.Resync)}, nil
@@ -151,8 +161,33 @@ func (r *Reconciler) patch(ctx context.Context, node *corev1.Node, status string
 	if maps.Equal(orig.Annotations, node.Annotations) && len(orig.Finalizers) == len(node.Finalizers) {
 		return nil
 	}
-	if err := r.Client.Patch(ctx, node, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("update node %s: %w", node.Name, client.IgnoreNotFound(err))
+	// A Node that is gone has nothing left to update.
+	err := client.IgnoreNotFound(r.Client.Patch(ctx, node, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})))
+	if err != nil {
+		return fmt.Errorf("update node %s: %w", node.Name, err)
+	}
+	return nil
+}
+
+// patchConditions writes the controller's conditions through the
+// nodes/status subresource with a strategic merge patch that names only
+// them: the kubelet's conditions are never touched, and no resourceVersion
+// is sent, so the kubelet's frequent status updates cause no conflicts.
+// Nothing to set or remove: no request.
+func (r *Reconciler) patchConditions(ctx context.Context, node *corev1.Node, set []corev1.NodeCondition, remove []corev1.NodeConditionType) error {
+	if len(set) == 0 && len(remove) == 0 {
+		return nil
+	}
+	body, err := conditionsPatch(set, remove)
+	if err != nil {
+		return err
+	}
+	err = client.IgnoreNotFound(r.Client.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, body)))
+	if err != nil {
+		return fmt.Errorf("update conditions of node %s: %w", node.Name, err)
+	}
+	for _, c := range set {
+		r.Log.Debug("node condition updated", "node", node.Name, "type", string(c.Type), "status", string(c.Status), "reason", c.Reason)
 	}
 	return nil
 }

@@ -19,19 +19,29 @@ import (
 
 // SchemaVersion is the record schema this binary writes. A store written by
 // a newer binary is refused rather than misread.
-const SchemaVersion = 1
+//
+// History: 1 = first schema; 2 = Sandbox.RuntimeID (a sandbox made from a
+// pre-started pool slot keeps the slot's state dir, cgroup and shim). A
+// schema-1 record reads as RuntimeID "" (= ID), so version 1 stores open
+// unchanged; a version-1 cubelet refuses a version-2 store, since it would
+// look for such a sandbox's runtime under the wrong name and reap it.
+const SchemaVersion = 2
 
 // Sandbox states recorded in the store.
 const (
 	StateCreating = "creating" // owner record written, kernel objects being made
 	StateRunning  = "running"  // fully created; envd answered
 	StateDeleting = "deleting" // teardown in progress
-	StatePooled   = "pooled"   // a warm-pool slot: IP + netns + veth (+ disk image) owned by the pool
+	StatePooled   = "pooled"   // a warm-pool slot: IP + netns + veth (+ disk image, or a pre-started sandbox) owned by the pool
 )
 
 // Sandbox is the owner record of one sandbox's kernel objects.
 type Sandbox struct {
-	ID            string            `json:"id"`
+	ID string `json:"id"`
+	// RuntimeID names the sandbox's runtime objects (state dir, cgroup,
+	// shim) when they differ from ID: a sandbox made from a pre-started
+	// pool slot keeps the slot's. Empty means ID; use Runtime().
+	RuntimeID     string            `json:"runtimeID,omitempty"`
 	Generation    uint64            `json:"generation"`
 	Template      string            `json:"template"`
 	State         string            `json:"state"`
@@ -48,6 +58,15 @@ type Sandbox struct {
 	CreatedAt     time.Time         `json:"createdAt"`
 }
 
+// Runtime returns the name of the sandbox's runtime objects: its state
+// dir, cgroup and shim.
+func (s Sandbox) Runtime() string {
+	if s.RuntimeID != "" {
+		return s.RuntimeID
+	}
+	return s.ID
+}
+
 var (
 	bucketMeta      = []byte("meta")
 	bucketSandboxes = []byte("sandboxes")
@@ -58,6 +77,7 @@ var (
 // Store is a bbolt-backed node store.
 type Store struct {
 	db *bolt.DB
+	c  committer
 }
 
 // Open opens (creating if needed) the node store at path.
@@ -105,7 +125,8 @@ func (s *Store) Close() error { return s.db.Close() }
 // to tell an old owner record from a new one with the same sandbox id.
 func (s *Store) NextGeneration() (uint64, error) {
 	var gen uint64
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
+		gen = 0 // the write may run again (see update)
 		meta := tx.Bucket(bucketMeta)
 		if v := meta.Get(keyGeneration); v != nil {
 			if err := json.Unmarshal(v, &gen); err != nil {
@@ -128,7 +149,7 @@ func (s *Store) Put(sb Sandbox) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(sb.ID), data)
 	})
 }
@@ -153,7 +174,7 @@ func (s *Store) PutReplacing(sb Sandbox, old string) error {
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSandboxes)
 		if err := b.Put([]byte(sb.ID), data); err != nil {
 			return err
@@ -164,7 +185,7 @@ func (s *Store) PutReplacing(sb Sandbox, old string) error {
 
 // Delete removes a sandbox record; a missing record is not an error.
 func (s *Store) Delete(id string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
 	})
 }

@@ -3,8 +3,11 @@ package nodestore
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,5 +102,99 @@ func TestNewerSchemaRefused(t *testing.T) {
 	db.Close()
 	if _, err := Open(path); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Open newer schema: %v", err)
+	}
+}
+
+// TestSchema1StoreOpens: a store written by a schema-1 cubelet (records
+// without runtimeID) opens, reads its records with Runtime() == ID, and is
+// marked with the current schema afterwards.
+func TestSchema1StoreOpens(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const old = `{"id":"sbx-old","generation":3,"template":"base","state":"running","ip":"172.16.0.7",` +
+		`"ports":{"49983":30001},"cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"envdVersion":"0.5.7",` +
+		`"allowInternet":true,"createdAt":"2026-11-01T00:00:00Z"}`
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta, _ := tx.CreateBucketIfNotExists(bucketMeta)
+		sbs, _ := tx.CreateBucketIfNotExists(bucketSandboxes)
+		if err := meta.Put(keySchema, []byte("1")); err != nil {
+			return err
+		}
+		return sbs.Put([]byte("sbx-old"), []byte(old))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := s.Get("sbx-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.RuntimeID != "" || r.Runtime() != "sbx-old" || r.Ports[49983] != 30001 || r.State != StateRunning {
+		t.Fatalf("schema-1 record read as %+v", r)
+	}
+	r.RuntimeID = "pool-0123456789ab"
+	if err := s.Put(r); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := s.Get("sbx-old"); r.Runtime() != "pool-0123456789ab" {
+		t.Fatalf("runtime after put: %+v", r)
+	}
+	var schema int
+	s.db.View(func(tx *bolt.Tx) error { return json.Unmarshal(tx.Bucket(bucketMeta).Get(keySchema), &schema) })
+	if schema != SchemaVersion {
+		t.Fatalf("schema after open %d, want %d", schema, SchemaVersion)
+	}
+}
+
+// TestConcurrentWritesGroupCommit: concurrent writes (committed together
+// when they overlap) all land, generations stay unique, and a failing write
+// fails alone.
+func TestConcurrentWritesGroupCommit(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "node.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const n = 64
+	var wg sync.WaitGroup
+	gens := make([]uint64, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			g, err := s.NextGeneration()
+			if err == nil {
+				err = s.Put(Sandbox{ID: fmt.Sprintf("sbx-%02d", i), State: StateRunning})
+			}
+			gens[i], errs[i] = g, err
+		})
+	}
+	for range 4 {
+		wg.Go(func() {
+			// bbolt refuses keys over 32 KiB inside the transaction.
+			if err := s.Put(Sandbox{ID: strings.Repeat("x", 40000)}); err == nil {
+				t.Errorf("put with a huge key succeeded")
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for i := range n {
+		if errs[i] != nil || seen[gens[i]] {
+			t.Fatalf("write %d: gen %d, %v", i, gens[i], errs[i])
+		}
+		seen[gens[i]] = true
+	}
+	recs, bad, err := s.List()
+	if err != nil || len(recs) != n || len(bad) != 0 {
+		t.Fatalf("list: %d records, bad %v, %v", len(recs), bad, err)
 	}
 }

@@ -41,10 +41,15 @@ var readonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", 
 // protectKernelFiles masks and write-protects /proc and /sys paths; it runs
 // after /proc and /sys are mounted in the new root. Before /proc/sys turns
 // read-only it opens ICMP echo sockets to every group of the sandbox's
-// network namespace, so ping works without CAP_NET_RAW.
-func protectKernelFiles() error {
+// network namespace, so ping works without CAP_NET_RAW, and, for a
+// workload in a user namespace (whose CAP_NET_BIND_SERVICE does not count
+// in the host-owned network namespace), makes every port bindable.
+func protectKernelFiles(userns bool) error {
 	// Per network namespace; best effort (the netns may lack IPv4).
 	_ = os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0)
+	if userns {
+		_ = os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0)
+	}
 	for _, p := range maskedPaths {
 		if err := maskPath(p); err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
@@ -83,14 +88,14 @@ func readonlyPath(p string) error {
 }
 
 // dropPrivileges is the last step of sandbox-init before exec, on the
-// thread that execs: it shrinks the bounding set to SandboxCapabilities,
-// clears the ambient and inheritable sets, keeps SandboxCapabilities as
-// effective and permitted, sets no_new_privs and installs the seccomp
+// thread that execs: it shrinks the bounding set to caps (normally
+// SandboxCapabilities), clears the ambient and inheritable sets, keeps caps
+// as effective and permitted, sets no_new_privs and installs the seccomp
 // profile. The exec'd init, as uid 0 without file capabilities, gets the
 // bounding set as its permitted set; nothing it execs can gain more.
-func dropPrivileges() error {
+func dropPrivileges(caps []uintptr) error {
 	keep := map[uintptr]bool{}
-	for _, c := range SandboxCapabilities {
+	for _, c := range caps {
 		keep[c] = true
 	}
 	for c := uintptr(0); c <= unix.CAP_LAST_CAP+8; c++ { // +8: caps newer than x/sys

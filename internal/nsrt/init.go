@@ -23,6 +23,15 @@ import (
 func InitMain(args []string) int {
 	// Namespace operations (unshare) apply to the calling thread only.
 	runtime.LockOSThread()
+	if len(args) > 0 {
+		switch args[0] {
+		case usernsChildFlag: // the workload's process in its user namespace
+			if err := usernsChildMain(); err != nil {
+				fmt.Fprintf(os.Stderr, "sandbox-init: workload: %v\n", err)
+			}
+			return 1
+		}
+	}
 	if err := initMain(args); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox-init: %v\n", err)
 		return 1
@@ -30,7 +39,7 @@ func InitMain(args []string) int {
 	return 0 // not reached: initMain execs
 }
 
-func initMain(args []string) error {
+func initMain(args []string) (err error) {
 	fs := flag.NewFlagSet(InitCommand, flag.ContinueOnError)
 	stateDir := fs.String("state-dir", "", "sandbox state directory")
 	if err := fs.Parse(args); err != nil {
@@ -44,6 +53,27 @@ func initMain(args []string) error {
 		return err
 	}
 	spec = spec.withDefaults()
+	if err := makeMountsPrivate(); err != nil {
+		return err
+	}
+	// With a user namespace the workload's process starts first (see
+	// userns.go); it is collected once pid 1 is in the sandbox cgroup.
+	var started <-chan childResult
+	var child *usernsChild
+	if spec.UserNS != nil {
+		if started, err = startUsernsChildAsync(spec.UserNS); err != nil {
+			return err
+		}
+		defer func() {
+			if started != nil { // failed before collecting it
+				if r := <-started; r.child != nil {
+					r.child.abort()
+				}
+			} else if err != nil && child != nil {
+				child.abort()
+			}
+		}()
+	}
 	layer, err := prepareLayer(spec)
 	if err != nil {
 		return err
@@ -68,14 +98,28 @@ func initMain(args []string) error {
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
-	if err := setupRoot(spec, layer); err != nil {
+	if started != nil {
+		r := <-started
+		started = nil
+		if r.err != nil {
+			return r.err
+		}
+		child = r.child
+		if err := child.joinCgroup(spec); err != nil {
+			return err
+		}
+	}
+	if err := setupRoot(spec, layer, child); err != nil {
 		return err
 	}
 	argv0, err := lookPath(spec.Args[0], spec.Env)
 	if err != nil {
 		return err
 	}
-	if err := dropPrivileges(); err != nil {
+	if child != nil {
+		return runUserNS(spec, child, argv0)
+	}
+	if err := dropPrivileges(SandboxCapabilities); err != nil {
 		return err
 	}
 	if err := unix.Exec(argv0, spec.Args, spec.Env); err != nil {

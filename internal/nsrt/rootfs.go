@@ -10,15 +10,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// prepareLayer makes every mount private to the sandbox's mount namespace
-// and returns the directory that holds the writable layer: the sandbox's own
+// makeMountsPrivate stops mount events propagating between the sandbox's
+// mount namespace and the host's.
+func makeMountsPrivate() error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	return nil
+}
+
+// prepareLayer returns the directory that holds the writable layer: the sandbox's own
 // disk (mounted here) when it has a size limit, else the state dir. It runs
 // before sandbox-init joins the sandbox cgroup, whose device allowlist has
 // no loop devices.
 func prepareLayer(spec Spec) (string, error) {
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return "", fmt.Errorf("make mounts private: %w", err)
-	}
 	if spec.DiskSizeMB > 0 {
 		return mountDisk(spec.StateDir)
 	}
@@ -30,16 +35,32 @@ func prepareLayer(spec Spec) (string, error) {
 // pivot_root, so symlinks in the template resolve inside the sandbox and
 // can never reach host files. Files and binds come before /proc and /sys so
 // that a template symlink into /proc cannot redirect them either.
-func setupRoot(spec Spec, layer string) error {
+//
+// With a user namespace (child != nil) the overlay's layers are idmapped
+// through the workload's namespace and everything from the overlay mount
+// on is created with the mapped root's fsuid (see userns.go).
+func setupRoot(spec Spec, layer string, child *usernsChild) error {
 	root := filepath.Join(spec.StateDir, rootfsDir)
-	upper := filepath.Join(layer, upperDir)
-	work := filepath.Join(layer, workDir)
-	for _, d := range []string{root, upper, work} {
+	for _, d := range []string{root, filepath.Join(layer, upperDir), filepath.Join(layer, workDir)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", spec.Rootfs, upper, work)
+	lower := spec.Rootfs
+	if child != nil {
+		var err error
+		if lower, layer, err = child.idmapLayers(spec.StateDir, spec.Rootfs, layer); err != nil {
+			return err
+		}
+		restore, err := asMappedRoot(child.u, child.u.HostID)
+		if err != nil {
+			return err
+		}
+		defer restore()
+	}
+	upper := filepath.Join(layer, upperDir)
+	work := filepath.Join(layer, workDir)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
 	// nodev: a device node in a template (or made by anyone) opens nothing;
 	// the sandbox's devices are the bind mounts on its /dev.
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, opts); err != nil {
@@ -48,6 +69,11 @@ func setupRoot(spec Spec, layer string) error {
 	oldRoot, err := os.MkdirTemp(root, ".oldroot-")
 	if err != nil {
 		return err
+	}
+	if child != nil {
+		if err := child.waitStarted(); err != nil {
+			return err
+		}
 	}
 	if err := unix.PivotRoot(root, oldRoot); err != nil {
 		return fmt.Errorf("pivot_root: %w", err)
@@ -68,7 +94,7 @@ func setupRoot(spec Spec, layer string) error {
 	if err := mountSystem(oldRoot); err != nil {
 		return err
 	}
-	if err := protectKernelFiles(); err != nil {
+	if err := protectKernelFiles(child != nil); err != nil {
 		return err
 	}
 	if err := unix.Unmount(oldRoot, unix.MNT_DETACH); err != nil {

@@ -142,6 +142,7 @@ func killRecorded(ctx context.Context, stateDir string) error {
 
 // stateFiles are what Start and the shim create in a state dir.
 var stateFiles = []string{SpecFile, InitLog, rootfsDir, upperDir, workDir, diskImage, diskMount,
+	idmapLowerDir, idmapLayerDir,
 	shim.InfoFile, shim.ExitFile, shim.SocketFile, shim.LogFile}
 
 // removeStateFiles undoes a failed Start: it removes what Start and the shim

@@ -76,6 +76,15 @@ type Spec struct {
 	// DiskSizeMB (a warm pool's); it is moved into the state dir instead of
 	// formatting one at start. It must be on the state dir's filesystem.
 	PreparedDisk string `json:"preparedDisk,omitempty"`
+	// UserNS runs the workload in a user namespace mapping its ids 0..Size-1
+	// to host ids HostID..; nil runs it in the host's (root inside is root
+	// on the host). See userns.go and ResolveUserNS.
+	UserNS *UserNS `json:"userNS,omitempty"`
+	// Reaper is the argv pid 1 execs when UserNS is set: pid 1 stays in the
+	// host's user namespace and must only reap, exiting with the status of
+	// its child whose pid is in $CUBE_REAP_PID (the workload, Args). envd
+	// does (envd/reaper). Empty: sandbox-init itself stays pid 1 as reaper.
+	Reaper []string `json:"reaper,omitempty"`
 }
 
 // withDefaults fills the zero fields that have defaults.
@@ -142,6 +151,9 @@ func (s Spec) Validate() error {
 	}
 	if s.DiskSizeMB > 0 && s.DiskSizeMB < minDiskSizeMB {
 		return bad("disk size %d MB is below the minimum of %d MB", s.DiskSizeMB, minDiskSizeMB)
+	}
+	if err := s.UserNS.validate(); err != nil {
+		return bad("%v", err)
 	}
 	return s.Resources.Validate()
 }

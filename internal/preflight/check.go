@@ -53,6 +53,7 @@ func Check(cfg Config, f Facts) Report {
 		checkNFTables(f),
 		checkCgroups(f),
 		checkNetNS(f),
+		checkUserNS(f),
 		checkRuntime(cfg, f),
 		checkNodeCIDR(cfg),
 		checkClusterOverlap("network.service-cidr", "Service", cfg.NodeCIDR, cfg.ServiceCIDRs),
@@ -128,6 +129,17 @@ func checkNetNS(f Facts) Result {
 		return fail(n, "cannot create a network namespace (%s): Cube needs CONFIG_NET_NS and CAP_SYS_ADMIN", f.NetNS.Err)
 	}
 	return ok(n, "network namespaces can be created")
+}
+
+// checkUserNS reports whether sandboxes get a user namespace under the
+// default --userns auto; without one they still run, as host root confined
+// by capabilities, seccomp and no_new_privs, hence a warning.
+func checkUserNS(f Facts) Result {
+	const n = "kernel.userns"
+	if !f.UserNS.OK {
+		return warn(n, "sandboxes cannot run in a user namespace (%s): with --userns auto root inside a sandbox is root on the host; --userns on refuses to create sandboxes", f.UserNS.Err)
+	}
+	return ok(n, "sandboxes run in a user namespace (idmapped mounts work)")
 }
 
 func chooseRuntime(cfg Config, f Facts) string {

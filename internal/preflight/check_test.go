@@ -15,6 +15,7 @@ func goodFacts() Facts {
 		CgroupVersion:     "v2",
 		CgroupControllers: []string{"cpu", "io", "memory", "pids"},
 		NetNS:             Probe{OK: true},
+		UserNS:            Probe{OK: true},
 		Routes: []Route{
 			{Dst: netip.MustParsePrefix("10.0.0.0/24"), Dev: "eth0"},
 			{Dst: netip.MustParsePrefix("169.254.250.0/30"), Dev: "cube0"},
@@ -71,6 +72,7 @@ func TestCheckCases(t *testing.T) {
 		{"missing pids controller", nil, func(f *Facts) { f.CgroupControllers = []string{"cpu", "memory"} }, "kernel.cgroups", StatusFail, "pids"},
 		{"no cgroup hierarchy", nil, func(f *Facts) { f.CgroupErr = "no cgroup" }, "kernel.cgroups", StatusFail, "no cgroup"},
 		{"no netns", nil, func(f *Facts) { f.NetNS = Probe{Err: "EPERM"} }, "kernel.netns", StatusFail, "CONFIG_NET_NS"},
+		{"no userns", nil, func(f *Facts) { f.UserNS = Probe{Err: "ENOSPC"} }, "kernel.userns", StatusWarn, "root inside a sandbox is root on the host"},
 		{"kvm chooses vm", nil, func(f *Facts) { f.KVM = true }, "runtime.kvm", StatusOK, "runtime vm"},
 		{"vm without kvm", func(c *Config) { c.Runtime = "vm" }, nil, "runtime.kvm", StatusFail, "/dev/kvm"},
 		{"ns forced with kvm", func(c *Config) { c.Runtime = "ns" }, func(f *Facts) { f.KVM = true }, "runtime.kvm", StatusOK, "runtime ns"},

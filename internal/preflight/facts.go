@@ -88,8 +88,11 @@ type Facts struct {
 	CgroupControllers []string `json:"cgroupControllers,omitempty"`
 	CgroupErr         string   `json:"cgroupError,omitempty"`
 	NetNS             Probe    `json:"netns"`
-	KVM               bool     `json:"kvm"`
-	Routes            []Route  `json:"routes,omitempty"`
+	// UserNS is whether sandboxes can run in a user namespace (a user
+	// namespace and idmapped mounts; see nsrt.ProbeUserNS).
+	UserNS Probe   `json:"userns"`
+	KVM    bool    `json:"kvm"`
+	Routes []Route `json:"routes,omitempty"`
 	// Addrs are the host's own IPv4 prefixes (address/prefix length).
 	Addrs        []netip.Prefix `json:"addrs,omitempty"`
 	RoutesErr    string         `json:"routesError,omitempty"`

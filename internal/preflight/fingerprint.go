@@ -63,49 +63,61 @@ func FingerprintPath(dir string, gen int) string {
 
 // WriteFingerprint writes fp to FingerprintPath atomically: a temporary
 // file in the same directory, fsync, rename, fsync of the directory.
-func WriteFingerprint(dir string, fp Fingerprint) (err error) {
+func WriteFingerprint(dir string, fp Fingerprint) error {
 	if fp.Generation < 1 {
 		return fmt.Errorf("fingerprint generation %d: want >= 1: %w", fp.Generation, errdefs.ErrInvalidArgument)
 	}
+	if err := writeJSONAtomic(dir, FingerprintPath(dir, fp.Generation), fp); err != nil {
+		return fmt.Errorf("write fingerprint: %w", err)
+	}
+	return nil
+}
+
+// writeJSONAtomic writes v as indented JSON to path (inside dir, which it
+// creates): a temporary file in dir, fsync, rename, fsync of dir.
+func writeJSONAtomic(dir, path string, v any) (err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("write fingerprint: %w", err)
+		return err
 	}
-	b, err := json.MarshalIndent(fp, "", "  ")
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("write fingerprint: %w", err)
+		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".fingerprint-*")
+	tmp, err := os.CreateTemp(dir, ".prep-*")
 	if err != nil {
-		return fmt.Errorf("write fingerprint: %w", err)
+		return err
 	}
 	defer func() {
 		if err != nil {
 			os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write fingerprint: %w", err)
+	if err := writeSynced(tmp, append(b, '\n')); err != nil {
+		return err
 	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write fingerprint: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write fingerprint: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write fingerprint: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), FingerprintPath(dir, fp.Generation)); err != nil {
-		return fmt.Errorf("write fingerprint: %w", err)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
 	}
 	if d, err := os.Open(dir); err == nil {
 		d.Sync()
 		d.Close()
 	}
 	return nil
+}
+
+// writeSynced writes b to f, makes it world-readable, fsyncs and closes it.
+func writeSynced(f *os.File, b []byte) error {
+	_, err := f.Write(b)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // ReadFingerprint reads the fingerprint of generation gen. A missing file

@@ -20,7 +20,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/nsrt"
 )
+
+// probeOf turns an error into a Probe.
+func probeOf(err error) Probe {
+	if err != nil {
+		return Probe{Err: err.Error()}
+	}
+	return Probe{OK: true}
+}
 
 // GatherOptions says where Gather looks. Zero fields take the host defaults.
 type GatherOptions struct {
@@ -37,6 +46,10 @@ type GatherOptions struct {
 	ServerTimeout time.Duration
 	// HTTPClient makes the probe (default http.DefaultClient).
 	HTTPClient *http.Client
+	// UserNSDirs are the directories the user namespace probe makes
+	// idmapped mounts of: the node's data dir (templates, sandbox state).
+	// Default /var/lib.
+	UserNSDirs []string
 }
 
 func (o *GatherOptions) defaults() {
@@ -51,6 +64,9 @@ func (o *GatherOptions) defaults() {
 	}
 	if o.HTTPClient == nil {
 		o.HTTPClient = http.DefaultClient
+	}
+	if len(o.UserNSDirs) == 0 {
+		o.UserNSDirs = []string{"/var/lib"}
 	}
 	if o.ServerTimeout == 0 {
 		o.ServerTimeout = 5 * time.Second
@@ -75,6 +91,7 @@ func Gather(ctx context.Context, opts GatherOptions) Facts {
 	gatherNFT(&f)
 	gatherCgroups(&f)
 	f.NetNS = probeNetNS()
+	f.UserNS = probeOf(nsrt.ProbeUserNS(opts.UserNSDirs...))
 	f.KVM = probeKVM(opts.KVMPath)
 	gatherNetlink(&f)
 	gatherListeners(&f, opts.ProcDir)

@@ -38,6 +38,10 @@ UP_FLAGS=(
 	--port-range "${CUBE_BENCH_PORTS:-30000-32499}" --transit "${CUBE_BENCH_TRANSIT:-169.254.250.8/30}"
 	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}"
 )
+# More `cube up` flags for the benched Cube (also used by the teardown start),
+# e.g. CUBE_BENCH_UP_FLAGS="--pool-size 64 --pool-prestart=false".
+read -r -a EXTRA_UP_FLAGS <<<"${CUBE_BENCH_UP_FLAGS:-}"
+UP_FLAGS+=("${EXTRA_UP_FLAGS[@]}")
 
 up_pid() { cat "$DATA/cube.pid" 2>/dev/null || true; }
 
@@ -92,6 +96,17 @@ trap 'exit 130' INT TERM
 echo "bench: starting cube up on $URL (data dir $DATA)"
 "$CUBE" up "${UP_FLAGS[@]}" --keep-sandboxes >"$TMP/cube.log" 2>&1 &
 wait_healthy $!
+# With CUBE_BENCH_POOL_READY=N, wait until the warm pool holds N complete
+# slots (each has <data-dir>/node/pool/<id>.img.json), so the phases do not
+# race the pool's first fill.
+if [[ -n "${CUBE_BENCH_POOL_READY:-}" ]]; then
+	deadline=$((SECONDS + 600))
+	until (($(find "$DATA/node/pool" -name 'pool-*.json' 2>/dev/null | wc -l) >= CUBE_BENCH_POOL_READY)); do
+		((SECONDS < deadline)) || { echo "bench: warm pool not full; see $TMP/cube.log" >&2; exit 1; }
+		sleep 0.5
+	done
+	echo "bench: warm pool has $CUBE_BENCH_POOL_READY slots"
+fi
 echo "bench: cube healthy; running cube bench"
 "$CUBE" bench --server "$URL" --api-key "$API_KEY" --data-dir "$DATA" \
 	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}" --sdk-dir "$HERE" \

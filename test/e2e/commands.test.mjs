@@ -65,8 +65,10 @@ describe('commands', { concurrency: true, timeout: 120_000 }, () => {
     assert.equal(chunks.map((c) => c.d).join(''), r.stdout)
     assert.equal(errChunks.join(''), 'e1\ne2\ne3\ne4\n')
     assert.ok(chunks.length >= 3, `want several chunks, got ${JSON.stringify(chunks)}`)
+    // Four lines 400 ms apart span 1200 ms when streamed, ~0 when buffered to
+    // the end; a loaded CI machine may deliver the first two together.
     const span = chunks.at(-1).at - chunks[0].at
-    assert.ok(span >= 800, `chunks were not streamed (span ${span} ms)`)
+    assert.ok(span >= 500, `chunks were not streamed (span ${span} ms)`)
   })
 
   test('background command and kill', async () => {

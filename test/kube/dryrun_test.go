@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// dryRunProfiles are the documented release profiles (docs/kubernetes.md),
+// dryRunProfiles are the documented release profiles (docs/kubernetes/testing.md),
 // with the values the render tests use for them.
 var dryRunProfiles = []struct{ name, values string }{
 	{"defaults", ""},
@@ -61,6 +61,10 @@ func TestRenderedObjectsPassServerSideDryRun(t *testing.T) {
 			}
 			if hooks == 0 {
 				t.Fatal("no hook objects rendered: the preflight hook must be checked too")
+			}
+			// The pre-delete release hook comes with the node controller.
+			if controller := has(objs, "Deployment", "cube-node-controller"); controller != has(objs, "Job", "cube-node-release") {
+				t.Fatalf("node controller rendered: %t, release hook Job rendered: %t", controller, !controller)
 			}
 			for _, o := range objs {
 				what := o.Kind() + " " + o.Name() + " (" + o.Template + ")"

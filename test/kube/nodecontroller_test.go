@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 
@@ -30,9 +31,14 @@ func TestNodeControllerRendered(t *testing.T) {
 			if err := yaml.Unmarshal(get(t, objs, "ClusterRole", "cube-system-cube-node-controller").Raw, &cr); err != nil {
 				t.Fatal(err)
 			}
+			// The controller writes its Node conditions (CubeDrain,
+			// CubeSchedulable) through the status subresource.
+			if !grants(cr, "nodes/status", "patch") {
+				t.Errorf("ClusterRole cannot patch nodes/status: %+v", cr.Rules)
+			}
 			for _, r := range cr.Rules {
 				for _, res := range r.Resources {
-					if res != "nodes" && res != "nodes/finalizers" && res != "events" {
+					if res != "nodes" && res != "nodes/status" && res != "nodes/finalizers" && res != "events" {
 						t.Errorf("ClusterRole grants %s", res)
 					}
 				}
@@ -81,4 +87,14 @@ func TestNodeControllerInvalidValues(t *testing.T) {
 			t.Errorf("%s: rendered without error", name)
 		}
 	}
+}
+
+// grants reports whether a rule of cr allows verb on the core resource res.
+func grants(cr rbacv1.ClusterRole, res, verb string) bool {
+	for _, r := range cr.Rules {
+		if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, res) && slices.Contains(r.Verbs, verb) {
+			return true
+		}
+	}
+	return false
 }

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -200,6 +201,9 @@ func TestControlPlaneProbesPDBAndRollout(t *testing.T) {
 			t.Errorf("%s = %v", p, c[p])
 		}
 	}
+	if args := fmt.Sprint(c["args"]); !strings.Contains(args, "--require-node-key") {
+		t.Errorf("cube-server args %s: nodes may register without the API key", args)
+	}
 	pdb := get(t, objs, "PodDisruptionBudget", "cube-server")
 	if dig(pdb.Doc, "spec", "minAvailable") != float64(1) {
 		t.Fatalf("pdb = %v", pdb.Doc["spec"])
@@ -236,6 +240,7 @@ func TestBigPodShape(t *testing.T) {
 	for _, want := range []string{
 		"--node-id=$(NODE_NAME)", "--server=http://cube-server.cube-system.svc:3000", "--listen=0.0.0.0:7070",
 		"--data-dir=/var/lib/cube", "--run-dir=/run/cube", "--node-cidr=172.16.0.0/18", "--cgroup-parent=cube",
+		"--advertise-ip=$(POD_IP)", "--data-ip=$(HOST_IP)", "fieldPath: status.hostIP",
 		"node.kubernetes.io/network-unavailable", "stop-cubelet", "name: wait-node-prep", "cube.dev/compute",
 	} {
 		if !strings.Contains(raw, want) {

@@ -14,17 +14,31 @@ import (
 
 // BenchmarkStart measures nsrt.Start to ready (and the kill) of a hardened
 // busybox sandbox, without and with a size-limited disk, to price the
-// disk: `go test ./test/security -run '^$' -bench Start -benchtime 20x`.
+// disk and the user namespace (the -userns cases; skipped where the kernel
+// refuses): `go test ./test/security -run '^$' -bench Start -benchtime 20x`
+// (CUBE_BENCH_EXE=bin/cube-shim runs the production binary as shim and
+// sandbox-init instead of the test binary).
 func BenchmarkStart(b *testing.B) {
 	for _, c := range []struct {
 		name   string
 		diskMB int
-	}{{"unlimited", 0}, {"disk1G", 1024}} {
+		userns bool
+	}{{"unlimited", 0, false}, {"unlimited-userns", 0, true}, {"disk1G", 1024, false}, {"disk1G-userns", 1024, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			base := b.TempDir()
 			rootfs := filepath.Join(base, "template")
 			buildRootfsB(b, rootfs)
 			exe, _ := os.Executable()
+			if e := os.Getenv("CUBE_BENCH_EXE"); e != "" {
+				exe = e // e.g. bin/cube-shim: the production shim and sandbox-init
+			}
+			var userns *nsrt.UserNS
+			if c.userns {
+				if err := nsrt.ProbeUserNS(rootfs, base); err != nil {
+					b.Skip(err)
+				}
+				userns = nsrt.UserNSForSlot(7)
+			}
 			parent := "cube-secb-" + c.name
 			defer func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -42,7 +56,7 @@ func BenchmarkStart(b *testing.B) {
 				sb, err := nsrt.Start(ctx, exe, nsrt.Spec{
 					ID: id, StateDir: stateDir, Rootfs: rootfs, Args: []string{"/bin/sh", "-c", "echo x >&3; exec sleep 1000"},
 					Env: []string{"PATH=/bin"}, Resources: cgroup.Resources{PidsMax: 16, MemoryMB: 64},
-					CgroupParent: parent, DiskSizeMB: c.diskMB,
+					CgroupParent: parent, DiskSizeMB: c.diskMB, UserNS: userns,
 				})
 				if err != nil {
 					b.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -62,6 +63,40 @@ func Run(args []string, inheritFD int) (int, error) {
 			continue
 		}
 		if code, done := reapAll(child.Pid); done {
+			return code, nil
+		}
+	}
+	return 1, errors.New("signal channel closed")
+}
+
+// AdoptEnv names the variable through which a sandbox runtime that started
+// envd itself (in a user namespace, see nsrt.Spec.Reaper) tells the PID-1
+// copy the pid of the serving envd: that copy then only reaps (Adopt).
+const AdoptEnv = "CUBE_REAP_PID"
+
+// Adopted returns the pid in AdoptEnv, if set.
+func Adopted() (int, bool) {
+	pid, err := strconv.Atoi(os.Getenv(AdoptEnv))
+	return pid, err == nil && pid > 1
+}
+
+// Adopt reaps every child of this process until the existing child pid
+// exits, forwarding termination signals to it, and returns the exit code to
+// use (128+signal when the child was killed by a signal).
+func Adopt(pid int) (int, error) {
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+	// The child may have exited before the handler was installed.
+	if code, done := reapAll(pid); done {
+		return code, nil
+	}
+	for sig := range sigs {
+		if sig != syscall.SIGCHLD {
+			_ = unix.Kill(pid, sig.(syscall.Signal))
+			continue
+		}
+		if code, done := reapAll(pid); done {
 			return code, nil
 		}
 	}

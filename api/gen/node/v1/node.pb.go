@@ -184,7 +184,8 @@ type NodeInfo struct {
 	DataIp        string                 `protobuf:"bytes,4,opt,name=data_ip,json=dataIp,proto3" json:"data_ip,omitempty"` // address the proxy dials host ports on
 	Capacity      *Capacity              `protobuf:"bytes,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Templates     []*Template            `protobuf:"bytes,6,rep,name=templates,proto3" json:"templates,omitempty"`
-	Token         string                 `protobuf:"bytes,7,opt,name=token,proto3" json:"token,omitempty"` // bearer token the server must present to this cubelet
+	Token         string                 `protobuf:"bytes,7,opt,name=token,proto3" json:"token,omitempty"`   // bearer token the server must present to this cubelet
+	Health        *NodeHealth            `protobuf:"bytes,8,opt,name=health,proto3" json:"health,omitempty"` // the node's self-checks; unset from cubelets older than this field
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +269,225 @@ func (x *NodeInfo) GetToken() string {
 	return ""
 }
 
+func (x *NodeInfo) GetHealth() *NodeHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// NodeHealth is what a cubelet checks about itself and reports at
+// registration and with every heartbeat, so that checks which need the
+// node's host (helm test, `cube node ls`) can read them from the server.
+type NodeHealth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Socket        *SocketHealth          `protobuf:"bytes,1,opt,name=socket,proto3" json:"socket,omitempty"`
+	Preflight     *PreflightHealth       `protobuf:"bytes,2,opt,name=preflight,proto3" json:"preflight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeHealth) Reset() {
+	*x = NodeHealth{}
+	mi := &file_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeHealth) ProtoMessage() {}
+
+func (x *NodeHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
+func (*NodeHealth) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NodeHealth) GetSocket() *SocketHealth {
+	if x != nil {
+		return x.Socket
+	}
+	return nil
+}
+
+func (x *NodeHealth) GetPreflight() *PreflightHealth {
+	if x != nil {
+		return x.Preflight
+	}
+	return nil
+}
+
+// SocketHealth: the cubelet called its own CubeletService listener (the only
+// endpoint it serves; there is no local unix socket) and got an answer.
+type SocketHealth struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Serving         bool                   `protobuf:"varint,1,opt,name=serving,proto3" json:"serving,omitempty"`
+	Address         string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"` // what was dialled, e.g. http://127.0.0.1:7070
+	Error           string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`     // why not, when serving is false
+	CheckedAtUnixMs int64                  `protobuf:"varint,4,opt,name=checked_at_unix_ms,json=checkedAtUnixMs,proto3" json:"checked_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SocketHealth) Reset() {
+	*x = SocketHealth{}
+	mi := &file_v1_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SocketHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SocketHealth) ProtoMessage() {}
+
+func (x *SocketHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SocketHealth.ProtoReflect.Descriptor instead.
+func (*SocketHealth) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SocketHealth) GetServing() bool {
+	if x != nil {
+		return x.Serving
+	}
+	return false
+}
+
+func (x *SocketHealth) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *SocketHealth) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *SocketHealth) GetCheckedAtUnixMs() int64 {
+	if x != nil {
+		return x.CheckedAtUnixMs
+	}
+	return 0
+}
+
+// PreflightHealth is the newest prep record of the node's prep directory
+// (`cube prep`, the cube-node-bootstrap DaemonSet): <N>.fingerprint when
+// generation N passed, <N>.failed when it failed.
+type PreflightHealth struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         string                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"` // passed, failed, none (no record: no bootstrap), invalid (unreadable record)
+	Generation    int32                  `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	AtUnixMs      int64                  `protobuf:"varint,3,opt,name=at_unix_ms,json=atUnixMs,proto3" json:"at_unix_ms,omitempty"`          // when the checks ran
+	FailedChecks  []string               `protobuf:"bytes,4,rep,name=failed_checks,json=failedChecks,proto3" json:"failed_checks,omitempty"` // "name: message" of each failing check
+	Warnings      int32                  `protobuf:"varint,5,opt,name=warnings,proto3" json:"warnings,omitempty"`
+	Detail        string                 `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"` // prep dir, or why the record is invalid
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PreflightHealth) Reset() {
+	*x = PreflightHealth{}
+	mi := &file_v1_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PreflightHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PreflightHealth) ProtoMessage() {}
+
+func (x *PreflightHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PreflightHealth.ProtoReflect.Descriptor instead.
+func (*PreflightHealth) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PreflightHealth) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *PreflightHealth) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PreflightHealth) GetAtUnixMs() int64 {
+	if x != nil {
+		return x.AtUnixMs
+	}
+	return 0
+}
+
+func (x *PreflightHealth) GetFailedChecks() []string {
+	if x != nil {
+		return x.FailedChecks
+	}
+	return nil
+}
+
+func (x *PreflightHealth) GetWarnings() int32 {
+	if x != nil {
+		return x.Warnings
+	}
+	return 0
+}
+
+func (x *PreflightHealth) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type RegisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          *NodeInfo              `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -277,7 +497,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_v1_node_proto_msgTypes[3]
+	mi := &file_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +509,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[3]
+	mi := &file_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +522,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterRequest) GetNode() *NodeInfo {
@@ -322,7 +542,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_v1_node_proto_msgTypes[4]
+	mi := &file_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +554,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[4]
+	mi := &file_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +567,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterResponse) GetServerVersion() string {
@@ -369,13 +589,14 @@ type HeartbeatRequest struct {
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	SandboxIds    []string               `protobuf:"bytes,2,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"` // every sandbox the node runs
 	Templates     []*Template            `protobuf:"bytes,3,rep,name=templates,proto3" json:"templates,omitempty"`
+	Health        *NodeHealth            `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"` // unset: keep what the node reported last
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_v1_node_proto_msgTypes[5]
+	mi := &file_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +608,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[5]
+	mi := &file_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +621,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -424,6 +645,13 @@ func (x *HeartbeatRequest) GetTemplates() []*Template {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetHealth() *NodeHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
 type HeartbeatResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	KillSandboxIds []string               `protobuf:"bytes,1,rep,name=kill_sandbox_ids,json=killSandboxIds,proto3" json:"kill_sandbox_ids,omitempty"` // sandboxes the server no longer knows: the node removes them
@@ -434,7 +662,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_v1_node_proto_msgTypes[6]
+	mi := &file_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -446,7 +674,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[6]
+	mi := &file_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -459,7 +687,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HeartbeatResponse) GetKillSandboxIds() []string {
@@ -492,7 +720,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_v1_node_proto_msgTypes[7]
+	mi := &file_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +732,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[7]
+	mi := &file_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +745,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -591,7 +819,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_v1_node_proto_msgTypes[8]
+	mi := &file_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -603,7 +831,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[8]
+	mi := &file_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -616,7 +844,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateSandboxRequest) GetSandboxId() string {
@@ -677,7 +905,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_v1_node_proto_msgTypes[9]
+	mi := &file_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +917,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[9]
+	mi := &file_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +930,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -721,7 +949,7 @@ type SandboxRef struct {
 
 func (x *SandboxRef) Reset() {
 	*x = SandboxRef{}
-	mi := &file_v1_node_proto_msgTypes[10]
+	mi := &file_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +961,7 @@ func (x *SandboxRef) String() string {
 func (*SandboxRef) ProtoMessage() {}
 
 func (x *SandboxRef) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[10]
+	mi := &file_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +974,7 @@ func (x *SandboxRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRef.ProtoReflect.Descriptor instead.
 func (*SandboxRef) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SandboxRef) GetSandboxId() string {
@@ -764,7 +992,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_v1_node_proto_msgTypes[11]
+	mi := &file_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +1004,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[11]
+	mi := &file_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +1017,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 type MapPortRequest struct {
@@ -802,7 +1030,7 @@ type MapPortRequest struct {
 
 func (x *MapPortRequest) Reset() {
 	*x = MapPortRequest{}
-	mi := &file_v1_node_proto_msgTypes[12]
+	mi := &file_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1042,7 @@ func (x *MapPortRequest) String() string {
 func (*MapPortRequest) ProtoMessage() {}
 
 func (x *MapPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[12]
+	mi := &file_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1055,7 @@ func (x *MapPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MapPortRequest.ProtoReflect.Descriptor instead.
 func (*MapPortRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MapPortRequest) GetSandboxId() string {
@@ -853,7 +1081,7 @@ type MapPortResponse struct {
 
 func (x *MapPortResponse) Reset() {
 	*x = MapPortResponse{}
-	mi := &file_v1_node_proto_msgTypes[13]
+	mi := &file_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1093,7 @@ func (x *MapPortResponse) String() string {
 func (*MapPortResponse) ProtoMessage() {}
 
 func (x *MapPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[13]
+	mi := &file_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1106,7 @@ func (x *MapPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MapPortResponse.ProtoReflect.Descriptor instead.
 func (*MapPortResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MapPortResponse) GetHostPort() uint32 {
@@ -904,7 +1132,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_v1_node_proto_msgTypes[14]
+	mi := &file_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1144,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[14]
+	mi := &file_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1157,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Metrics) GetTimestampUnixMs() int64 {
@@ -1000,7 +1228,7 @@ type EgressRequest struct {
 
 func (x *EgressRequest) Reset() {
 	*x = EgressRequest{}
-	mi := &file_v1_node_proto_msgTypes[15]
+	mi := &file_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1240,7 @@ func (x *EgressRequest) String() string {
 func (*EgressRequest) ProtoMessage() {}
 
 func (x *EgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[15]
+	mi := &file_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1253,7 @@ func (x *EgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRequest.ProtoReflect.Descriptor instead.
 func (*EgressRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EgressRequest) GetSandboxId() string {
@@ -1065,7 +1293,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_v1_node_proto_msgTypes[16]
+	mi := &file_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1305,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[16]
+	mi := &file_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1318,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1117,7 +1345,7 @@ const file_v1_node_proto_rawDesc = "" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12#\n" +
 	"\rmax_sandboxes\x18\x03 \x01(\x05R\fmaxSandboxes\x12\x1f\n" +
 	"\vmax_creates\x18\x04 \x01(\x05R\n" +
-	"maxCreates\"\xef\x01\n" +
+	"maxCreates\"\xa1\x02\n" +
 	"\bNodeInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -1125,17 +1353,38 @@ const file_v1_node_proto_rawDesc = "" +
 	"\adata_ip\x18\x04 \x01(\tR\x06dataIp\x122\n" +
 	"\bcapacity\x18\x05 \x01(\v2\x16.cube.node.v1.CapacityR\bcapacity\x124\n" +
 	"\ttemplates\x18\x06 \x03(\v2\x16.cube.node.v1.TemplateR\ttemplates\x12\x14\n" +
-	"\x05token\x18\a \x01(\tR\x05token\"=\n" +
+	"\x05token\x18\a \x01(\tR\x05token\x120\n" +
+	"\x06health\x18\b \x01(\v2\x18.cube.node.v1.NodeHealthR\x06health\"}\n" +
+	"\n" +
+	"NodeHealth\x122\n" +
+	"\x06socket\x18\x01 \x01(\v2\x1a.cube.node.v1.SocketHealthR\x06socket\x12;\n" +
+	"\tpreflight\x18\x02 \x01(\v2\x1d.cube.node.v1.PreflightHealthR\tpreflight\"\x85\x01\n" +
+	"\fSocketHealth\x12\x18\n" +
+	"\aserving\x18\x01 \x01(\bR\aserving\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12+\n" +
+	"\x12checked_at_unix_ms\x18\x04 \x01(\x03R\x0fcheckedAtUnixMs\"\xbe\x01\n" +
+	"\x0fPreflightHealth\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x05R\n" +
+	"generation\x12\x1c\n" +
+	"\n" +
+	"at_unix_ms\x18\x03 \x01(\x03R\batUnixMs\x12#\n" +
+	"\rfailed_checks\x18\x04 \x03(\tR\ffailedChecks\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x01(\x05R\bwarnings\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"=\n" +
 	"\x0fRegisterRequest\x12*\n" +
 	"\x04node\x18\x01 \x01(\v2\x16.cube.node.v1.NodeInfoR\x04node\"m\n" +
 	"\x10RegisterResponse\x12%\n" +
 	"\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\x82\x01\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb4\x01\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vsandbox_ids\x18\x02 \x03(\tR\n" +
 	"sandboxIds\x124\n" +
-	"\ttemplates\x18\x03 \x03(\v2\x16.cube.node.v1.TemplateR\ttemplates\"]\n" +
+	"\ttemplates\x18\x03 \x03(\v2\x16.cube.node.v1.TemplateR\ttemplates\x120\n" +
+	"\x06health\x18\x04 \x01(\v2\x18.cube.node.v1.NodeHealthR\x06health\"]\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10kill_sandbox_ids\x18\x01 \x03(\tR\x0ekillSandboxIds\x12\x1e\n" +
 	"\n" +
@@ -1224,62 +1473,69 @@ func file_v1_node_proto_rawDescGZIP() []byte {
 	return file_v1_node_proto_rawDescData
 }
 
-var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_v1_node_proto_goTypes = []any{
 	(*Template)(nil),              // 0: cube.node.v1.Template
 	(*Capacity)(nil),              // 1: cube.node.v1.Capacity
 	(*NodeInfo)(nil),              // 2: cube.node.v1.NodeInfo
-	(*RegisterRequest)(nil),       // 3: cube.node.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 4: cube.node.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),      // 5: cube.node.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 6: cube.node.v1.HeartbeatResponse
-	(*Sandbox)(nil),               // 7: cube.node.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 8: cube.node.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 9: cube.node.v1.CreateSandboxResponse
-	(*SandboxRef)(nil),            // 10: cube.node.v1.SandboxRef
-	(*Empty)(nil),                 // 11: cube.node.v1.Empty
-	(*MapPortRequest)(nil),        // 12: cube.node.v1.MapPortRequest
-	(*MapPortResponse)(nil),       // 13: cube.node.v1.MapPortResponse
-	(*Metrics)(nil),               // 14: cube.node.v1.Metrics
-	(*EgressRequest)(nil),         // 15: cube.node.v1.EgressRequest
-	(*ListSandboxesResponse)(nil), // 16: cube.node.v1.ListSandboxesResponse
-	nil,                           // 17: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	(*NodeHealth)(nil),            // 3: cube.node.v1.NodeHealth
+	(*SocketHealth)(nil),          // 4: cube.node.v1.SocketHealth
+	(*PreflightHealth)(nil),       // 5: cube.node.v1.PreflightHealth
+	(*RegisterRequest)(nil),       // 6: cube.node.v1.RegisterRequest
+	(*RegisterResponse)(nil),      // 7: cube.node.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),      // 8: cube.node.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 9: cube.node.v1.HeartbeatResponse
+	(*Sandbox)(nil),               // 10: cube.node.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 11: cube.node.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 12: cube.node.v1.CreateSandboxResponse
+	(*SandboxRef)(nil),            // 13: cube.node.v1.SandboxRef
+	(*Empty)(nil),                 // 14: cube.node.v1.Empty
+	(*MapPortRequest)(nil),        // 15: cube.node.v1.MapPortRequest
+	(*MapPortResponse)(nil),       // 16: cube.node.v1.MapPortResponse
+	(*Metrics)(nil),               // 17: cube.node.v1.Metrics
+	(*EgressRequest)(nil),         // 18: cube.node.v1.EgressRequest
+	(*ListSandboxesResponse)(nil), // 19: cube.node.v1.ListSandboxesResponse
+	nil,                           // 20: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
 }
 var file_v1_node_proto_depIdxs = []int32{
 	1,  // 0: cube.node.v1.NodeInfo.capacity:type_name -> cube.node.v1.Capacity
 	0,  // 1: cube.node.v1.NodeInfo.templates:type_name -> cube.node.v1.Template
-	2,  // 2: cube.node.v1.RegisterRequest.node:type_name -> cube.node.v1.NodeInfo
-	0,  // 3: cube.node.v1.HeartbeatRequest.templates:type_name -> cube.node.v1.Template
-	17, // 4: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
-	7,  // 5: cube.node.v1.CreateSandboxResponse.sandbox:type_name -> cube.node.v1.Sandbox
-	7,  // 6: cube.node.v1.ListSandboxesResponse.sandboxes:type_name -> cube.node.v1.Sandbox
-	3,  // 7: cube.node.v1.RegistryService.Register:input_type -> cube.node.v1.RegisterRequest
-	5,  // 8: cube.node.v1.RegistryService.Heartbeat:input_type -> cube.node.v1.HeartbeatRequest
-	11, // 9: cube.node.v1.CubeletService.GetInfo:input_type -> cube.node.v1.Empty
-	8,  // 10: cube.node.v1.CubeletService.CreateSandbox:input_type -> cube.node.v1.CreateSandboxRequest
-	10, // 11: cube.node.v1.CubeletService.KillSandbox:input_type -> cube.node.v1.SandboxRef
-	12, // 12: cube.node.v1.CubeletService.MapPort:input_type -> cube.node.v1.MapPortRequest
-	10, // 13: cube.node.v1.CubeletService.GetMetrics:input_type -> cube.node.v1.SandboxRef
-	10, // 14: cube.node.v1.CubeletService.PauseSandbox:input_type -> cube.node.v1.SandboxRef
-	10, // 15: cube.node.v1.CubeletService.ResumeSandbox:input_type -> cube.node.v1.SandboxRef
-	15, // 16: cube.node.v1.CubeletService.UpdateEgress:input_type -> cube.node.v1.EgressRequest
-	11, // 17: cube.node.v1.CubeletService.ListSandboxes:input_type -> cube.node.v1.Empty
-	4,  // 18: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
-	6,  // 19: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
-	2,  // 20: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
-	9,  // 21: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
-	11, // 22: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
-	13, // 23: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
-	14, // 24: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
-	11, // 25: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
-	11, // 26: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
-	11, // 27: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
-	16, // 28: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
-	18, // [18:29] is the sub-list for method output_type
-	7,  // [7:18] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	3,  // 2: cube.node.v1.NodeInfo.health:type_name -> cube.node.v1.NodeHealth
+	4,  // 3: cube.node.v1.NodeHealth.socket:type_name -> cube.node.v1.SocketHealth
+	5,  // 4: cube.node.v1.NodeHealth.preflight:type_name -> cube.node.v1.PreflightHealth
+	2,  // 5: cube.node.v1.RegisterRequest.node:type_name -> cube.node.v1.NodeInfo
+	0,  // 6: cube.node.v1.HeartbeatRequest.templates:type_name -> cube.node.v1.Template
+	3,  // 7: cube.node.v1.HeartbeatRequest.health:type_name -> cube.node.v1.NodeHealth
+	20, // 8: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	10, // 9: cube.node.v1.CreateSandboxResponse.sandbox:type_name -> cube.node.v1.Sandbox
+	10, // 10: cube.node.v1.ListSandboxesResponse.sandboxes:type_name -> cube.node.v1.Sandbox
+	6,  // 11: cube.node.v1.RegistryService.Register:input_type -> cube.node.v1.RegisterRequest
+	8,  // 12: cube.node.v1.RegistryService.Heartbeat:input_type -> cube.node.v1.HeartbeatRequest
+	14, // 13: cube.node.v1.CubeletService.GetInfo:input_type -> cube.node.v1.Empty
+	11, // 14: cube.node.v1.CubeletService.CreateSandbox:input_type -> cube.node.v1.CreateSandboxRequest
+	13, // 15: cube.node.v1.CubeletService.KillSandbox:input_type -> cube.node.v1.SandboxRef
+	15, // 16: cube.node.v1.CubeletService.MapPort:input_type -> cube.node.v1.MapPortRequest
+	13, // 17: cube.node.v1.CubeletService.GetMetrics:input_type -> cube.node.v1.SandboxRef
+	13, // 18: cube.node.v1.CubeletService.PauseSandbox:input_type -> cube.node.v1.SandboxRef
+	13, // 19: cube.node.v1.CubeletService.ResumeSandbox:input_type -> cube.node.v1.SandboxRef
+	18, // 20: cube.node.v1.CubeletService.UpdateEgress:input_type -> cube.node.v1.EgressRequest
+	14, // 21: cube.node.v1.CubeletService.ListSandboxes:input_type -> cube.node.v1.Empty
+	7,  // 22: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
+	9,  // 23: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
+	2,  // 24: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
+	12, // 25: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
+	14, // 26: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
+	16, // 27: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
+	17, // 28: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
+	14, // 29: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
+	14, // 30: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
+	14, // 31: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
+	19, // 32: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
+	22, // [22:33] is the sub-list for method output_type
+	11, // [11:22] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_v1_node_proto_init() }
@@ -1293,7 +1549,7 @@ func file_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_v1_node_proto_rawDesc), len(file_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
