@@ -42,6 +42,7 @@ type AllInOneConfig struct {
 	PoolSize      int             // warm-pool slots kept ready (0 = every create is cold)
 	PoolPrestart  bool            // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
 	UserNS        nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
+	RateLimits    *api.RateLimits // per-API-key limits; nil = api.DefaultRateLimits
 	Network       cubevs.Config
 	Logger        *slog.Logger
 	Out           io.Writer // user-facing output (progress, exports)
@@ -113,7 +114,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	if err := m.Restore(ctx); err != nil {
 		return fmt.Errorf("restore sandboxes: %w", err)
 	}
-	handler := proxy.New(m, api.New(m, st, log.With("role", "cube-api")), cfg.Domain)
+	handler := proxy.New(m, api.New(m, st, log.With("role", "cube-api"), rateLimitOptions(cfg.RateLimits)...), cfg.Domain)
 	// Sandbox addresses are routed in the host netns, which need not be ours.
 	handler.SetDialer(node.DialContext)
 

@@ -36,6 +36,7 @@ type ServerConfig struct {
 	// RequireNodeKey refuses cubelets that register without an API key.
 	RequireNodeKey bool
 	DownAfter      time.Duration
+	RateLimits     *api.RateLimits // per-API-key limits; nil = api.DefaultRateLimits
 	Logger         *slog.Logger
 	Out            io.Writer
 }
@@ -111,7 +112,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		mux.Handle("/templates/", templatedist.Handler(templates, st))
 	}
 	if hasRole(cfg.Roles, "api") {
-		mux.Handle("/", api.New(m, st, log.With("role", "cube-api")))
+		mux.Handle("/", api.New(m, st, log.With("role", "cube-api"), rateLimitOptions(cfg.RateLimits)...))
 	}
 	var handler http.Handler = mux
 	if hasRole(cfg.Roles, "proxy") {
@@ -149,4 +150,12 @@ func hasRole(roles []string, r string) bool {
 		}
 	}
 	return false
+}
+
+// rateLimitOptions configures the API's per-key rate limits (nil: defaults).
+func rateLimitOptions(l *api.RateLimits) []api.Option {
+	if l == nil {
+		return nil
+	}
+	return []api.Option{api.WithRateLimits(*l)}
 }

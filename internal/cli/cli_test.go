@@ -21,6 +21,8 @@ func TestExitCodes(t *testing.T) {
 		{args: []string{"key", "create", "--bogus"}, code: 2, stderrWant: "-bogus"},
 		{args: []string{"kube", "wait-prep", "--timeout=soon"}, code: 2, stderrWant: "invalid value"},
 		{args: []string{"kube", "frobnicate"}, code: 2, stderrWant: "node-controller"},
+		{args: []string{"up", "--create-rate-limit", "fast"}, code: 2, stderrWant: "RATE[:BURST]"},
+		{args: []string{"server", "--api-rate-limit=10:0"}, code: 2, stderrWant: "burst"},
 		{args: []string{"kube", "--help"}, code: 0, stdout: "node-controller"},
 		{args: []string{"kube", "--help"}, code: 0, stdout: "release-nodes"},
 		{args: []string{"kube", "release-nodes", "--node-selector="}, code: 2, stderrWant: "selects every Node"},

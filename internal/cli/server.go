@@ -25,9 +25,13 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&cfg.Domain, "domain", envDefault("CUBE_DOMAIN", ""), "domain for <port>-<id>.<domain> sandbox hosts (env CUBE_DOMAIN)")
 	roles := fs.String("roles", envDefault("CUBE_ROLES", "api,master,proxy"), "comma-separated roles to serve: api, master, proxy")
 	fs.BoolVar(&cfg.RequireNodeKey, "require-node-key", os.Getenv("CUBE_REQUIRE_NODE_KEY") == "true", "refuse cubelets that register without an API key (recommended outside a trusted node network)")
+	var err error
+	if cfg.RateLimits, err = addRateLimitFlags(fs); err != nil {
+		return err
+	}
 	fs.DurationVar(&cfg.DownAfter, "node-down-after", 0, "mark a node Down after this long without heartbeats and a failed probe (default 10s)")
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -71,7 +75,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	cpus := fs.Int("cpu-capacity", 8*runtime.NumCPU(), "schedulable vCPUs (sandbox cpuCount is summed against it)")
 	memMB := fs.Int64("memory-capacity-mb", 2*hostMemoryMB(), "schedulable memory in MiB")
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	for _, u := range strings.Split(*servers, ",") {

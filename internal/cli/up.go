@@ -12,9 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cube-dev/cube/internal/api"
 	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/ratelimit"
 )
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -31,11 +33,15 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots (netns + veth + IP + disk) kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
 	addUserNSFlag(fs, &cfg.UserNS)
+	var err error
+	if cfg.RateLimits, err = addRateLimitFlags(fs); err != nil {
+		return err
+	}
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
 	nf := addNetworkFlags(fs, &cfg.Network)
 	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go profiling endpoints (/debug/pprof) on this address, e.g. 127.0.0.1:6060")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -70,7 +76,7 @@ func runDown(_ context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("down", stderr)
 	dataDir := fs.String("data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory of the Cube to stop")
 	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for it to stop")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	return app.StopAllInOne(*dataDir, *timeout)
@@ -122,4 +128,36 @@ func addUserNSFlag(fs *flag.FlagSet, mode *nsrt.UserNSMode) {
 		*mode = m
 		return err
 	})
+}
+
+// addRateLimitFlags registers the per-API-key rate limits of the API role
+// (--api-rate-limit, --create-rate-limit) and returns where they land; an
+// invalid value in their environment variables is an error.
+func addRateLimitFlags(fs *flag.FlagSet) (*api.RateLimits, error) {
+	l := api.DefaultRateLimits
+	for _, f := range []struct {
+		name, env, what string
+		dst             *ratelimit.Limit
+	}{
+		{"api-rate-limit", "CUBE_API_RATE_LIMIT", "every authenticated request", &l.All},
+		{"create-rate-limit", "CUBE_CREATE_RATE_LIMIT", "sandbox creations", &l.Creates},
+	} {
+		if v := os.Getenv(f.env); v != "" {
+			parsed, err := ratelimit.Parse(v)
+			if err != nil {
+				return nil, usageError{fmt.Sprintf("%s: %v", f.env, err)}
+			}
+			*f.dst = parsed
+		}
+		dst := f.dst
+		fs.Func(f.name, fmt.Sprintf("per-API-key limit on %s: RATE[:BURST] per second, or off; a request past it gets 429 with Retry-After (default %s; env %s)", f.what, dst, f.env), func(s string) error {
+			parsed, err := ratelimit.Parse(s)
+			if err != nil {
+				return err
+			}
+			*dst = parsed
+			return nil
+		})
+	}
+	return &l, nil
 }

@@ -60,7 +60,7 @@ func (c *Cubelet) HostPort(ctx context.Context, id string, port uint16) (uint16,
 	if err != nil {
 		return 0, fmt.Errorf("map port %d: %w", port, err)
 	}
-	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: id, HostPort: hp, SandboxIP: rec.IP, GuestPort: port}); err != nil {
+	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: rec.Runtime(), HostPort: hp, SandboxIP: rec.IP, GuestPort: port}); err != nil {
 		delete(rec.Ports, port)
 		c.putRecord(rec)
 		return 0, fmt.Errorf("map port %d: %w", port, err)

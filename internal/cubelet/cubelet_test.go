@@ -94,12 +94,12 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 		}
 	}
 	for _, m := range maps {
-		if !want[m.Owner] {
+		if !wantRT[m.Owner] {
 			t.Errorf("leftover mapping %+v", m)
 		}
 	}
 	for _, ep := range eps {
-		if !want[ep.Owner] {
+		if !wantRT[ep.Owner] {
 			t.Errorf("leftover endpoint %+v", ep)
 		}
 	}
@@ -244,13 +244,20 @@ func TestWarmPool(t *testing.T) {
 	if err := envdHealthy(t, c, sb.ID); err != nil {
 		t.Fatal(err)
 	}
+	// The endpoint is owned by the record's runtime name: the slot's id for
+	// a pre-started slot (it keeps its name), the sandbox's for a plain one
+	// (renamed at take).
+	rec, err := c.store.Get(sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eps, _ := c.dp.Endpoints(ctx)
 	found := false
 	for _, ep := range eps {
-		found = found || (ep.Owner == sb.ID && ep.IP == sb.IP)
+		found = found || (ep.Owner == rec.Runtime() && ep.IP == sb.IP)
 	}
 	if !found {
-		t.Fatalf("endpoint not renamed to the sandbox: %+v", eps)
+		t.Fatalf("no endpoint of %s (runtime %s) with IP %s: %+v", sb.ID, rec.Runtime(), sb.IP, eps)
 	}
 	waitPool(2)
 	assertClean(t, c, sb.ID)

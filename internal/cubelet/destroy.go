@@ -33,9 +33,10 @@ func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
 // Reconcile retries.
 func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	rt := rec.Runtime()
-	// A sandbox made from a pre-started slot that never ran may still have
-	// the endpoint under the slot's name (crash before the rename).
-	detachSlot := rt != rec.ID && rec.State != nodestore.StateRunning
+	// A sandbox made from a pre-started slot keeps the slot's endpoint and
+	// egress chain (named by its RuntimeID); one made from a plain slot may
+	// still have it under the slot's name after a crash before the rename.
+	detachSlot := rt != rec.ID
 	if rec.State != nodestore.StateDeleting {
 		rec.State = nodestore.StateDeleting
 		if err := c.store.Put(rec); err != nil {

@@ -18,7 +18,7 @@ func (c *Cubelet) UpdateEgress(ctx context.Context, id string, p cubevs.EgressPo
 	if err != nil {
 		return err
 	}
-	if err := c.dp.SetEgress(ctx, id, rec.IP, p); err != nil {
+	if err := c.dp.SetEgress(ctx, rec.Runtime(), rec.IP, p); err != nil {
 		return fmt.Errorf("set egress: %w", err)
 	}
 	rec.AllowInternet = p.AllowInternet

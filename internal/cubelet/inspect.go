@@ -98,10 +98,10 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	// live is keyed by sandbox (and slot) id, which names mappings and
-	// endpoints; liveRT by runtime name, which names state dirs and
-	// cgroups (a record's Runtime(): a slot's id for a sandbox made from a
-	// pre-started slot).
+	// live is keyed by sandbox (and slot) id, which names mappings; liveRT
+	// by runtime name, which names endpoints, state dirs and cgroups (a
+	// record's Runtime(): a slot's id for a sandbox made from a pre-started
+	// slot).
 	live, liveRT := map[string]bool{}, map[string]bool{}
 	for id, r := range recs {
 		alive := r.State == nodestore.StatePooled && r.Template == "" // a plain warm-pool slot: owned by the pool, no shim
@@ -134,7 +134,7 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	}
 	sort.Strings(in.Live)
 
-	if err := inspectDataplane(ctx, cfg, in, recs, live); err != nil {
+	if err := inspectDataplane(ctx, cfg, in, recs, live, liveRT); err != nil {
 		return nil, err
 	}
 	for _, name := range stateIDs {
@@ -167,7 +167,10 @@ func (in *Inspection) Problems() int {
 	return n
 }
 
-func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[string]nodestore.Sandbox, live map[string]bool) error {
+// inspectDataplane classifies mappings (owned by sandbox ids, live) and
+// endpoints (owned by runtime names, liveRT: a pre-started slot's endpoint
+// keeps the slot's name).
+func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[string]nodestore.Sandbox, live, liveRT map[string]bool) error {
 	dp, err := cubevs.OpenExisting(ctx, cfg.Network)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
@@ -181,10 +184,20 @@ func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
 	}
+	// Mappings are owned by runtime names (a pre-started slot's id for a
+	// sandbox made from it).
+	byRT := make(map[string]nodestore.Sandbox, len(recs))
+	for _, r := range recs {
+		byRT[r.Runtime()] = r
+	}
 	present := map[uint16]bool{}
 	for _, m := range maps {
 		present[m.HostPort] = true
-		in.Mappings = append(in.Mappings, classifyMapping(m, recs, live))
+		ms := classifyMapping(m, byRT, liveRT)
+		if r, ok := byRT[m.Owner]; ok && r.ID != m.Owner && ms.Detail == "" {
+			ms.Detail = "sandbox " + r.ID
+		}
+		in.Mappings = append(in.Mappings, ms)
 	}
 	for id := range live {
 		r, ok := recs[id]
@@ -203,7 +216,7 @@ func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[
 		return fmt.Errorf("read endpoints: %w", err)
 	}
 	for _, ep := range eps {
-		if !live[ep.Owner] {
+		if !live[ep.Owner] && !liveRT[ep.Owner] {
 			obj := ep.NetNSPath
 			if obj == "" {
 				obj = "link " + ep.LinkName
@@ -215,7 +228,8 @@ func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[
 }
 
 // classifyMapping decides a mapping's status from its owner's record and
-// liveness; it is the pure core of mapdump.
+// liveness (both keyed by the owner's runtime name); it is the pure core of
+// mapdump.
 func classifyMapping(m cubevs.Mapping, recs map[string]nodestore.Sandbox, live map[string]bool) MappingStatus {
 	ms := MappingStatus{HostPort: m.HostPort, SandboxIP: m.SandboxIP.String(), GuestPort: m.GuestPort, Owner: m.Owner}
 	r, ok := recs[m.Owner]

@@ -301,6 +301,12 @@ func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
 		return s, err
 	}
 	if s.prestarted() {
+		// A pre-started slot keeps its endpoint's name for life (the
+		// sandbox's record names it as RuntimeID) and gets the default
+		// egress policy now, so a default create changes neither.
+		if err = c.dp.SetEgress(ctx, s.rec.ID, s.rec.IP, slotEgress); err != nil {
+			return s, err
+		}
 		s.initPID, s.shim, err = c.startSlot(ctx, s, tmpl, ep.NetNSPath)
 		s.initNS = netnsOf(s.initPID)
 	} else if !c.cfg.NoDiskLimit {
@@ -316,6 +322,10 @@ func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
 	}
 	return s, c.writeSlotFile(s)
 }
+
+// slotEgress is the egress policy of a pre-started slot: a create's
+// default (internet, no allow/deny lists).
+var slotEgress = cubevs.EgressPolicy{AllowInternet: true}
 
 // startSlot starts a pre-started slot's sandbox: the pool template with
 // its default resources, envd protected by the slot's own token.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -370,4 +371,42 @@ func TestPrestartedDeadSlot(t *testing.T) {
 		}
 	}
 	assertClean(t, c, "survives")
+}
+
+// A create whose egress policy is not the slot's default re-applies it on
+// the slot-named chain: the sandbox must not keep the slot's open policy.
+func TestPrestartedTakeAppliesEgress(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 1
+	c := n.start(t)
+	ctx := context.Background()
+	waitPool(t, c, 1)
+	slot := readySlots(c)[0]
+	chain := func() string {
+		t.Helper()
+		out, err := exec.Command("nsenter", "--net="+filepath.Join(n.cfg.Network.RunDir, "netns", n.cfg.Network.DPName),
+			"nft", "list", "chain", "ip", n.cfg.Network.TablePrefix, "sb-"+slot.rec.ID).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list chain: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	open := chain()
+	req := createReq("closed")
+	req.AllowInternet = false
+	sb, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.store.Get(sb.ID)
+	if err != nil || rec.Runtime() != slot.rec.ID {
+		t.Fatalf("record %+v, %v: not made from slot %s", rec, err, slot.rec.ID)
+	}
+	closed := chain()
+	if closed == open {
+		t.Fatalf("egress chain unchanged by allow_internet=false:\n%s", closed)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -105,8 +105,8 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			continue
 		}
 		rep.Adopted = append(rep.Adopted, id)
-		if !egress[id] {
-			if err := c.dp.SetEgress(ctx, id, r.IP, egressOf(r)); err != nil {
+		if !egress[r.Runtime()] {
+			if err := c.dp.SetEgress(ctx, r.Runtime(), r.IP, egressOf(r)); err != nil {
 				c.log.Warn("re-apply egress policy", "sandbox", id, "err", err)
 			}
 		}
@@ -179,14 +179,14 @@ func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, curre
 	}
 	n := 0
 	for guest, hp := range r.Ports {
-		if m, ok := have[hp]; ok && m.Owner == r.ID && m.GuestPort == guest && m.SandboxIP == r.IP {
+		if m, ok := have[hp]; ok && m.Owner == r.Runtime() && m.GuestPort == guest && m.SandboxIP == r.IP {
 			continue
 		}
-		if m, ok := have[hp]; ok && m.Owner != r.ID {
+		if m, ok := have[hp]; ok && m.Owner != r.Runtime() {
 			// The host port is held by a stale owner; it loses to the live one.
 			c.dp.RemoveMapping(ctx, hp)
 		}
-		if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: r.ID, HostPort: hp, SandboxIP: r.IP, GuestPort: guest}); err != nil {
+		if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: r.Runtime(), HostPort: hp, SandboxIP: r.IP, GuestPort: guest}); err != nil {
 			c.log.Warn("repair mapping", "sandbox", r.ID, "hostPort", hp, "err", err)
 			continue
 		}
@@ -197,9 +197,15 @@ func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, curre
 
 // sweepOrphans removes kernel objects and state dirs whose owner is not live.
 func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.Sandbox, mappings []cubevs.Mapping) []string {
+	// Dataplane objects (mappings, endpoints, egress chains) are owned by a
+	// record's runtime name: its id, or the pre-started slot it came from.
+	byRuntime := make(map[string]nodestore.Sandbox, len(owners))
+	for _, r := range owners {
+		byRuntime[r.Runtime()] = r
+	}
 	var orphans []string
 	for _, m := range mappings {
-		r, ok := owners[m.Owner]
+		r, ok := byRuntime[m.Owner]
 		if ok && r.Ports[m.GuestPort] == m.HostPort {
 			continue
 		}
@@ -207,9 +213,10 @@ func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.
 			orphans = append(orphans, fmt.Sprintf("mapping %d (owner %s)", m.HostPort, m.Owner))
 		}
 	}
+	names := runtimeNames(owners)
 	if eps, err := c.dp.Endpoints(ctx); err == nil {
 		for _, ep := range eps {
-			if _, ok := owners[ep.Owner]; ok {
+			if names[ep.Owner] {
 				continue
 			}
 			if err := c.dp.Detach(ctx, ep.Owner); err == nil {
@@ -226,7 +233,6 @@ func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.
 			}
 		}
 	}
-	names := runtimeNames(owners)
 	for _, id := range c.stateDirIDs() {
 		if names[id] {
 			continue

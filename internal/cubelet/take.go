@@ -14,8 +14,9 @@ import (
 
 // createFromSlot turns a pre-started pool slot into the sandbox rec: the
 // slot's record is replaced by the sandbox's (whose RuntimeID names the
-// slot's state dir, cgroup and shim, which keep their names), the endpoint
-// is renamed, egress set, the running sandbox personalised (hostname,
+// slot's state dir, cgroup, shim and network endpoint, which keep their
+// names), egress set when it is not the slot's default, the running sandbox
+// personalised (hostname,
 // /etc/hostname and /etc/hosts, envd's token and env vars, cgroup limits),
 // and only then is envd's host port mapped. Steps are SlotCreateSteps; a
 // failure or crash after the record leaves a sandbox record whose teardown
@@ -50,27 +51,27 @@ func (c *Cubelet) createFromSlot(ctx context.Context, req CreateRequest, rec nod
 		return Sandbox{}, err
 	}
 	st.mark("record")
-	ep, err := c.dp.Rename(ctx, slot.ID, rec.ID, ip)
-	st.mark("rename")
+	// The endpoint and its egress chain keep the slot's name, like the
+	// state dir, cgroup and shim: the record's RuntimeID owns them all.
+	netnsPath := c.dp.Config().SandboxNetNSPath(slot.ID)
 	os.Remove(c.slotFilePath(slot.ID))
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("attach network: %w", err)
-	}
 	if err := failpoint.Hit("create/after-attach"); err != nil {
 		return Sandbox{}, err
 	}
-	if err := c.dp.SetEgress(ctx, rec.ID, ip, egressOf(rec)); err != nil {
-		return Sandbox{}, fmt.Errorf("egress policy: %w", err)
+	if p := egressOf(rec); !p.Equal(slotEgress) {
+		if err := c.dp.SetEgress(ctx, slot.ID, ip, p); err != nil {
+			return Sandbox{}, fmt.Errorf("egress policy: %w", err)
+		}
 	}
 	if err := failpoint.Hit("create/after-egress"); err != nil {
 		return Sandbox{}, err
 	}
 	st.mark("egress")
-	if err := c.personalise(ctx, req, rec, ps, ep.NetNSPath); err != nil {
+	if err := c.personalise(ctx, req, rec, ps, netnsPath); err != nil {
 		return Sandbox{}, fmt.Errorf("personalise pre-started sandbox: %w", err)
 	}
 	st.mark("personalise")
-	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: rec.ID, HostPort: hostPort, SandboxIP: ip, GuestPort: EnvdPort}); err != nil {
+	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: slot.ID, HostPort: hostPort, SandboxIP: ip, GuestPort: EnvdPort}); err != nil {
 		return Sandbox{}, fmt.Errorf("map envd port: %w", err)
 	}
 	if err := failpoint.Hit("create/after-mapping"); err != nil {

@@ -110,6 +110,10 @@ func (c Config) netnsDir() string               { return filepath.Join(c.RunDir,
 func (c Config) dpPin() string                  { return filepath.Join(c.netnsDir(), c.DPName) }
 func (c Config) sandboxPin(owner string) string { return filepath.Join(c.netnsDir(), owner) }
 
+// SandboxNetNSPath is where the netns of an endpoint attached for owner is
+// pinned.
+func (c Config) SandboxNetNSPath(owner string) string { return c.sandboxPin(owner) }
+
 // validOwner checks that a sandbox id is safe as a file and chain name.
 func (c Config) validOwner(owner string) error {
 	if !ownerRe.MatchString(owner) || owner == c.DPName {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -25,6 +26,11 @@ type EgressPolicy struct {
 	AllowInternet bool
 	AllowOut      []netip.Prefix
 	DenyOut       []netip.Prefix
+}
+
+// Equal reports whether p and q install the same rules.
+func (p EgressPolicy) Equal(q EgressPolicy) bool {
+	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) && slices.Equal(p.DenyOut, q.DenyOut)
 }
 
 var (

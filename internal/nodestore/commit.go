@@ -6,9 +6,10 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Group commit. Every write transaction ends with an fdatasync, and bbolt
-// runs one writer at a time: a burst of creates (three writes each) would
-// queue on that lock and pay one sync per write. Writes therefore go
+// Group commit. bbolt runs one writer at a time and each commit writes the
+// changed pages and meta page (and, with sync on, an fdatasync; see Open):
+// a burst of creates (three writes each) would queue on that lock and pay
+// one commit per write. Writes therefore go
 // through update, which commits whatever writes are queued together in one
 // transaction. A lone write is committed at once, as before (no delay is
 // added to wait for company); a write that arrives while a commit runs

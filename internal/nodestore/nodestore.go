@@ -81,8 +81,16 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the node store at path.
+//
+// Commits are not fsynced. What the store describes lives no longer than
+// the machine (processes, netns pins on /run, links, nftables, cgroups): a
+// crash of the agent keeps every commit (it is in the page cache, which
+// the next process reads), and after a power loss there is nothing left to
+// own. The one risk, a file torn by a power loss, is handled here: a store
+// written during an earlier boot is checked, and moved aside for a fresh
+// one when it cannot be opened or read (see openStore).
 func Open(path string) (*Store, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := openStore(path)
 	if err != nil {
 		return nil, fmt.Errorf("open node store %s: %w", path, err)
 	}

@@ -6,6 +6,8 @@ package ratelimit
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,10 +23,10 @@ type Limit struct {
 // Validate rejects negative values and a positive rate without burst.
 func (l Limit) Validate() error {
 	if l.Rate < 0 || l.Burst < 0 || math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) {
-		return fmt.Errorf("rate limit %+v: negative or not finite: %w", l, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("rate limit %s: negative or not finite: %w", l, errdefs.ErrInvalidArgument)
 	}
 	if l.Rate > 0 && l.Burst < 1 {
-		return fmt.Errorf("rate limit %+v: burst must be at least 1: %w", l, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("rate limit %s: burst must be at least 1: %w", l, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -102,4 +104,40 @@ func (l *Limiter) sweep(now time.Time) {
 // header: rounded up, at least 1.
 func RetryAfterSeconds(d time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
+}
+
+// Parse reads a limit written "RATE:BURST" (tokens per second, bucket size),
+// "RATE" (burst = max(1, 2*RATE)) or "0" / "off" (unlimited), as command-line
+// flags take it.
+func Parse(s string) (Limit, error) {
+	s = strings.TrimSpace(s)
+	if s == "0" || s == "off" || s == "unlimited" {
+		return Limit{}, nil
+	}
+	rateStr, burstStr, hasBurst := strings.Cut(s, ":")
+	rate, err := strconv.ParseFloat(rateStr, 64)
+	if err != nil {
+		return Limit{}, fmt.Errorf("rate limit %q: want RATE[:BURST] or off: %w", s, errdefs.ErrInvalidArgument)
+	}
+	l := Limit{Rate: rate, Burst: max(1, int(math.Ceil(2*rate)))}
+	if hasBurst {
+		if l.Burst, err = strconv.Atoi(burstStr); err != nil {
+			return Limit{}, fmt.Errorf("rate limit %q: burst %q is not an integer: %w", s, burstStr, errdefs.ErrInvalidArgument)
+		}
+	}
+	if rate == 0 {
+		return Limit{}, nil
+	}
+	if err := l.Validate(); err != nil {
+		return Limit{}, err
+	}
+	return l, nil
+}
+
+// String writes l the way Parse reads it.
+func (l Limit) String() string {
+	if l.Unlimited() {
+		return "off"
+	}
+	return strconv.FormatFloat(l.Rate, 'f', -1, 64) + ":" + strconv.Itoa(l.Burst)
 }

@@ -108,3 +108,33 @@ func TestConcurrentAllowTakesExactlyBurst(t *testing.T) {
 		t.Errorf("%d requests allowed at once, want the burst of 50", allowed)
 	}
 }
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Limit
+		bad  bool
+	}{
+		{in: "20:100", want: Limit{Rate: 20, Burst: 100}},
+		{in: "0.5:1", want: Limit{Rate: 0.5, Burst: 1}},
+		{in: "10", want: Limit{Rate: 10, Burst: 20}},
+		{in: "0.2", want: Limit{Rate: 0.2, Burst: 1}},
+		{in: "off"}, {in: "0"}, {in: "0:5"},
+		{in: "fast", bad: true}, {in: "10:x", bad: true}, {in: "-1:5", bad: true},
+		{in: "10:0", bad: true}, {in: "NaN:3", bad: true}, {in: "", bad: true},
+	} {
+		got, err := Parse(tc.in)
+		if tc.bad {
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("Parse(%q) = %v, %v; want ErrInvalidArgument", tc.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Parse(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+		if back, err := Parse(got.String()); err != nil || back != got {
+			t.Errorf("Parse(%q.String() = %q) = %v, %v", tc.in, got.String(), back, err)
+		}
+	}
+}
