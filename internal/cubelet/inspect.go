@@ -371,16 +371,47 @@ func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, 
 	}
 }
 
-// shimAliveIn reports whether the shim of the state dir answers and its
-// sandbox runs; the handle is released.
-func shimAliveIn(ctx context.Context, stateDir string) bool {
+// liveness is what a probe of a sandbox's shim found.
+type liveness int
+
+const (
+	// livenessUnknown: no answer within shimTimeout, the probe was
+	// cancelled, or the shim's record is unreadable. Nothing may be torn
+	// down on it: a busy or stopped shim still holds a live sandbox.
+	livenessUnknown liveness = iota
+	livenessAlive
+	// livenessDead: no shim process (or none was ever recorded), or the
+	// shim reports that its sandbox ended.
+	livenessDead
+)
+
+// probeLiveness asks the shim of the state dir for its sandbox's state.
+func probeLiveness(ctx context.Context, stateDir string) liveness {
+	ctx, cancel := context.WithTimeout(ctx, shimTimeout)
+	defer cancel()
+	gone := func(err error) bool { return errors.Is(err, errdefs.ErrNotFound) && ctx.Err() == nil }
 	sb, err := nsrt.Attach(ctx, stateDir)
 	if err != nil {
-		return false
+		if gone(err) {
+			return livenessDead
+		}
+		return livenessUnknown
 	}
 	defer sb.Close()
 	st, err := sb.State(ctx)
-	return err == nil && st.Running
+	switch {
+	case err == nil && st.Running:
+		return livenessAlive
+	case err == nil, gone(err):
+		return livenessDead
+	}
+	return livenessUnknown
+}
+
+// shimAliveIn reports whether the shim of the state dir answers and its
+// sandbox runs.
+func shimAliveIn(ctx context.Context, stateDir string) bool {
+	return probeLiveness(ctx, stateDir) == livenessAlive
 }
 
 // probeShim probes the shim of the runtime called name.

@@ -40,12 +40,18 @@ func (c *Cubelet) reapDead(ctx context.Context) []string {
 	}
 	var reaped []string
 	for _, r := range recs {
-		if r.State != nodestore.StateRunning || c.shimAlive(ctx, r.Runtime()) {
+		// Only a shim known to be gone condemns a sandbox: a probe that
+		// timed out or was cancelled (the cubelet shutting down) proves
+		// nothing, and a sandbox must outlive its agent.
+		if ctx.Err() != nil {
+			return reaped
+		}
+		if r.State != nodestore.StateRunning || c.shimLiveness(ctx, r.Runtime()) != livenessDead {
 			continue
 		}
 		unlock := c.lock(r.ID)
 		cur, err := c.store.Get(r.ID)
-		if err != nil || cur.State != nodestore.StateRunning || c.shimAlive(ctx, cur.Runtime()) {
+		if err != nil || cur.State != nodestore.StateRunning || c.shimLiveness(ctx, cur.Runtime()) != livenessDead || ctx.Err() != nil {
 			unlock() // changed meanwhile (killed, or a false alarm)
 			continue
 		}

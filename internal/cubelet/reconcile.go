@@ -92,7 +92,13 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		if r.State == nodestore.StatePooled {
 			continue
 		}
-		alive := r.State == nodestore.StateRunning && live[id]
+		if r.State == nodestore.StateRunning && live[id] == livenessUnknown {
+			// A shim that does not answer (overloaded, stopped) still holds
+			// a sandbox: keep it; the liveness check of the running
+			// cubelet tries again.
+			c.log.Warn("shim did not answer; keeping the sandbox", "sandbox", id)
+		}
+		alive := r.State == nodestore.StateRunning && live[id] != livenessDead
 		if !alive {
 			unlock := c.lock(id)
 			err := c.teardown(ctx, r)
@@ -156,6 +162,11 @@ func (c *Cubelet) noteStrayPorts(ctx context.Context) {
 // its sandbox runs.
 func (c *Cubelet) shimAlive(ctx context.Context, name string) bool {
 	return shimAliveIn(ctx, c.sandboxDir(name))
+}
+
+// shimLiveness probes the shim of the runtime called name.
+func (c *Cubelet) shimLiveness(ctx context.Context, name string) liveness {
+	return probeLiveness(ctx, c.sandboxDir(name))
 }
 
 // runtimeNames is the set of runtime names (state dirs, cgroups) owned by
@@ -283,7 +294,7 @@ func (c *Cubelet) rebuildRecord(ctx context.Context, name string) (nodestore.San
 		return nodestore.Sandbox{}, false
 	}
 	var r nodestore.Sandbox
-	if err := json.Unmarshal(data, &r); err != nil || !validID(r.ID) || r.Runtime() != name || !c.shimAlive(ctx, name) {
+	if err := json.Unmarshal(data, &r); err != nil || !validID(r.ID) || r.Runtime() != name || c.shimLiveness(ctx, name) == livenessDead {
 		return nodestore.Sandbox{}, false
 	}
 	return r, true
@@ -318,20 +329,20 @@ func (c *Cubelet) putRecord(r nodestore.Sandbox) error {
 // probeShims asks every running sandbox's shim whether it is alive, a few
 // at a time (each probe is a unix-socket round trip), so a restart with
 // hundreds of sandboxes is not serialised on them.
-func (c *Cubelet) probeShims(ctx context.Context, owners map[string]nodestore.Sandbox) map[string]bool {
+func (c *Cubelet) probeShims(ctx context.Context, owners map[string]nodestore.Sandbox) map[string]liveness {
 	const workers = 16
 	ids := make(chan string)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	live := map[string]bool{}
+	live := map[string]liveness{}
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for id := range ids {
-				ok := c.shimAlive(ctx, owners[id].Runtime())
+				l := c.shimLiveness(ctx, owners[id].Runtime())
 				mu.Lock()
-				live[id] = ok
+				live[id] = l
 				mu.Unlock()
 			}
 		}()

@@ -10,6 +10,7 @@
 # cube up), writes OUT_JSON (default bench-results.json), then tears
 # everything down: the last cube up is stopped, and one more start without
 # --keep-sandboxes reaps whatever is left and removes the dataplane.
+# CUBE_BENCH_KEEP_LOGS=1 keeps the cube up logs (not the data) in the temp dir.
 # Needs root, node and npm; the floor responder must sit next to CUBE
 # (benchfloor, built by `make bench`).
 set -euo pipefail
@@ -88,6 +89,9 @@ cleanup() {
 	rmdir /sys/fs/cgroup/*/"${CUBE_BENCH_CGROUP:-cubebench}"{,-shims} 2>/dev/null || true
 	if grep -qs "$TMP" /proc/self/mountinfo || pgrep -f -- "$TMP" >/dev/null; then
 		echo "bench: leaving $TMP (mounts or processes left)" >&2
+	elif [[ -n "${CUBE_BENCH_KEEP_LOGS:-}" ]]; then
+		rm -rf "$TMP/data" "$TMP/run"
+		echo "bench: logs kept in $TMP" >&2
 	else
 		rm -rf "$TMP"
 	fi
