@@ -398,14 +398,10 @@ func probeLiveness(ctx context.Context, stateDir string) liveness {
 		return livenessUnknown
 	}
 	defer sb.Close()
-	st, err := sb.State(ctx)
-	switch {
-	case err == nil && st.Running:
+	if sb.AttachState().Running { // Attach asked the shim already
 		return livenessAlive
-	case err == nil, gone(err):
-		return livenessDead
 	}
-	return livenessUnknown
+	return livenessDead
 }
 
 // shimAliveIn reports whether the shim of the state dir answers and its

@@ -38,6 +38,7 @@ const recordFile = "record.json"
 // before the cubelet serves and may run periodically; it is idempotent.
 func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	start := time.Now()
+	st := newStepTimer()
 	var rep ReconcileReport
 	recs, bad, err := c.store.List()
 	if err != nil {
@@ -65,6 +66,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			rep.Rebuilt = append(rep.Rebuilt, r.ID)
 		}
 	}
+	st.mark("records")
 	mappings, err := c.dp.Mappings(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("read mappings: %w", err)
@@ -81,13 +83,16 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	for _, ep := range eps {
 		attached[ep.Owner] = ep.NetNSPath != "" && ep.LinkName != ""
 	}
+	st.mark("dataplane")
 	rep.PoolSlots = c.reconcilePool(ctx, slots, attached)
+	st.mark("pool")
 	for _, s := range slots {
 		if !c.isReady(s.ID) {
 			delete(owners, s.ID)
 		}
 	}
 	live := c.probeShims(ctx, owners)
+	st.mark("probe")
 	for id, r := range owners {
 		if r.State == nodestore.StatePooled {
 			continue
@@ -118,11 +123,14 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.Repaired += c.repairMappings(ctx, r, mappings)
 	}
+	st.mark("adopt")
 	rep.Orphans = c.sweepOrphans(ctx, owners, mappings)
+	st.mark("sweep")
 	c.noteStrayPorts(ctx)
+	st.mark("ports")
 	rep.Duration = time.Since(start)
-	c.log.Info("node reconciled", "adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
-		"repaired", rep.Repaired, "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration)
+	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
+		"repaired", rep.Repaired, "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration}, st.attrs()...)...)
 	return rep, nil
 }
 

@@ -266,25 +266,27 @@ func (d *Dataplane) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list dataplane links: %w", err)
 	}
+	// One route dump for all links: a per-link RouteList dumps the whole
+	// table each time (filtered in user space), quadratic in sandboxes.
+	routes, err := d.dp.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list dataplane routes: %w", err)
+	}
+	hostRoute := map[int]netip.Addr{} // link index -> its /32 sandbox route
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		if ones, _ := r.Dst.Mask.Size(); ones == 32 {
+			hostRoute[r.LinkIndex], _ = netip.AddrFromSlice(r.Dst.IP.To4())
+		}
+	}
 	for _, l := range links {
 		a := l.Attrs()
 		if _, ok := l.(*netlink.Veth); !ok || !strings.HasPrefix(a.Name, "cv") || a.Alias == "" {
 			continue
 		}
-		ep := &Endpoint{Owner: a.Alias, LinkName: a.Name}
-		routes, err := d.dp.RouteList(l, netlink.FAMILY_V4)
-		if err != nil {
-			return nil, fmt.Errorf("list routes of %s: %w", a.Name, err)
-		}
-		for _, r := range routes {
-			if r.Dst == nil {
-				continue
-			}
-			if ones, _ := r.Dst.Mask.Size(); ones == 32 {
-				ep.IP, _ = netip.AddrFromSlice(r.Dst.IP.To4())
-			}
-		}
-		byOwner[a.Alias] = ep
+		byOwner[a.Alias] = &Endpoint{Owner: a.Alias, LinkName: a.Name, IP: hostRoute[a.Index]}
 	}
 	entries, err := os.ReadDir(d.cfg.netnsDir())
 	if err != nil {

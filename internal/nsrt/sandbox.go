@@ -89,6 +89,9 @@ func (s *Sandbox) ShimPID() int { return s.client.Info().PID }
 // InitPID returns the host pid of the sandbox's init.
 func (s *Sandbox) InitPID() int { return s.client.Info().InitPID }
 
+// AttachState is the state the shim reported when Attach reached it.
+func (s *Sandbox) AttachState() State { return s.client.DialState() }
+
 // State returns the sandbox's state; after the shim has exited it is read
 // from the exit record.
 func (s *Sandbox) State(ctx context.Context) (State, error) { return s.client.State(ctx) }

@@ -21,6 +21,7 @@ type Client struct {
 	info     Info
 	proc     *pidFD
 	http     *http.Client
+	dialed   State // what the shim answered when Dial checked it
 }
 
 // Dial re-attaches to the shim recorded in stateDir. It fails with
@@ -48,8 +49,13 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 		c.Close()
 		return nil, fmt.Errorf("shim in %s reports pid %d, recorded %d: %w", stateDir, st.ShimPID, info.PID, errdefs.ErrConflict)
 	}
+	c.dialed = st
 	return c, nil
 }
+
+// DialState is the state the shim reported when Dial reached it (zero for
+// a client from Spawn): a liveness probe needs no second round trip.
+func (c *Client) DialState() State { return c.dialed }
 
 func newClient(stateDir string, info Info, proc *pidFD) *Client {
 	sock := filepath.Join(stateDir, SocketFile)

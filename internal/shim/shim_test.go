@@ -111,6 +111,9 @@ func TestSpawnKill(t *testing.T) {
 	if err != nil || !st.Running || st.ShimPID != c.Info().PID || st.Version != Version {
 		t.Fatalf("State = %+v, %v", st, err)
 	}
+	if ds := c2.DialState(); !ds.Running || ds.ShimPID != st.ShimPID || ds.InitPID != st.InitPID {
+		t.Fatalf("DialState = %+v, want the state Dial read (%+v)", ds, st)
+	}
 	if err := c2.Freeze(ctx); err != nil {
 		t.Fatal(err)
 	}
