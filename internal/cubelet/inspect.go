@@ -410,10 +410,9 @@ func shimAliveIn(ctx context.Context, stateDir string) bool {
 	return probeLiveness(ctx, stateDir) == livenessAlive
 }
 
-// probeShim probes the shim of the runtime called name.
+// probeShim probes the shim of the runtime called name (bounded by
+// shimTimeout, see probeLiveness).
 func probeShim(ctx context.Context, cfg Config, name string) bool {
-	ctx, cancel := context.WithTimeout(ctx, shimTimeout)
-	defer cancel()
 	return shimAliveIn(ctx, filepath.Join(cfg.sandboxesDir(), name))
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cube-dev/cube/internal/atomicfile"
 )
 
 // bootIDSuffix names the file (path + suffix) holding the kernel boot id of
@@ -54,7 +56,7 @@ func openStore(path string) (*bolt.DB, error) {
 		}
 	}
 	if !sameBoot && len(boot) > 0 {
-		if err := writeSynced(path+bootIDSuffix, append(boot, '\n')); err != nil {
+		if err := atomicfile.Write(path+bootIDSuffix, append(boot, '\n'), 0o600); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("record boot id: %w", err)
 		}
@@ -82,25 +84,4 @@ func check(db *bolt.DB) (err error) {
 		}
 		return errors.Join(errs...)
 	})
-}
-
-// writeSynced writes data to path atomically and durably.
-func writeSynced(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -13,9 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cube-dev/cube/internal/atomicfile"
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
-	"github.com/cube-dev/cube/internal/shim"
 )
 
 // Files and directories nsrt keeps in a sandbox state dir (next to the
@@ -164,7 +164,7 @@ func writeSpec(s Spec) error {
 		return err
 	}
 	// The spec may carry secrets (envd token in Files), hence 0600.
-	return shim.WriteFileAtomic(filepath.Join(s.StateDir, SpecFile), b, 0o600)
+	return atomicfile.Write(filepath.Join(s.StateDir, SpecFile), b, 0o600)
 }
 
 func readSpec(stateDir string) (Spec, error) {

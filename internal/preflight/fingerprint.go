@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cube-dev/cube/internal/atomicfile"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -74,50 +75,16 @@ func WriteFingerprint(dir string, fp Fingerprint) error {
 }
 
 // writeJSONAtomic writes v as indented JSON to path (inside dir, which it
-// creates): a temporary file in dir, fsync, rename, fsync of dir.
-func writeJSONAtomic(dir, path string, v any) (err error) {
+// creates), world-readable, and makes the rename durable.
+func writeJSONAtomic(dir, path string, v any) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
+	if err := atomicfile.WriteJSON(path, v, 0o644); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".prep-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := writeSynced(tmp, append(b, '\n')); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
+	atomicfile.SyncDir(dir)
 	return nil
-}
-
-// writeSynced writes b to f, makes it world-readable, fsyncs and closes it.
-func writeSynced(f *os.File, b []byte) error {
-	_, err := f.Write(b)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // ReadFingerprint reads the fingerprint of generation gen. A missing file

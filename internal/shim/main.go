@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cube-dev/cube/internal/atomicfile"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -102,7 +103,7 @@ func supervise(log *slog.Logger, stateDir string, status *os.File, launch Launch
 	started := time.Now().UTC()
 	srv := newServer(w, State{ShimPID: os.Getpid(), InitPID: w.Pid(), Running: true, StartedAt: started, Version: Version})
 	info := Info{Schema: SchemaVersion, PID: os.Getpid(), InitPID: w.Pid(), Version: Version, Socket: sock, StartedAt: started}
-	if err := WriteJSONAtomic(filepath.Join(stateDir, InfoFile), info); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(stateDir, InfoFile), info, 0o644); err != nil {
 		ln.Close()
 		return abort(fmt.Errorf("record shim: %w", err))
 	}
@@ -131,7 +132,7 @@ func supervise(log *slog.Logger, stateDir string, status *os.File, launch Launch
 		exit = <-exitCh
 	}
 	exit.Schema = SchemaVersion
-	if err := WriteJSONAtomic(filepath.Join(stateDir, ExitFile), exit); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(stateDir, ExitFile), exit, 0o644); err != nil {
 		log.Error("record exit", "err", err)
 	}
 	srv.markExited(exit)

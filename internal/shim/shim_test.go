@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-dev/cube/internal/atomicfile"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -187,7 +188,7 @@ func TestRecords(t *testing.T) {
 		t.Errorf("missing: %v", err)
 	}
 	in := Info{Schema: SchemaVersion, PID: 12, InitPID: 13, Version: "v1", Socket: "/s", StartedAt: time.Unix(5, 0).UTC()}
-	if err := WriteJSONAtomic(filepath.Join(dir, InfoFile), in); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(dir, InfoFile), in, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := ReadInfo(dir); err != nil || out != in {
