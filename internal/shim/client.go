@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 )
@@ -39,8 +40,9 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 	c := newClient(stateDir, info, proc)
 	var st State
 	if err := c.call(ctx, http.MethodGet, "/state", &st); err != nil {
+		gone := errors.Is(err, errdefs.ErrNotFound) || proc.exitedWithin(ctx, dyingGrace)
 		c.Close()
-		if proc.exited() || errors.Is(err, errdefs.ErrNotFound) {
+		if gone {
 			return nil, fmt.Errorf("shim %d in %s has exited: %w", info.PID, stateDir, errdefs.ErrNotFound)
 		}
 		return nil, fmt.Errorf("shim %d in %s does not answer: %w", info.PID, stateDir, err)
@@ -52,6 +54,13 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 	c.dialed = st
 	return c, nil
 }
+
+// dyingGrace is how long Dial waits, after a failed call, for a shim
+// that may be in the middle of exiting: a SIGKILLed multi-threaded shim
+// keeps its listener open (and may accept a connection it never answers)
+// until its last thread is gone, and a probe in that window must not
+// mistake a dead shim for a silent one.
+const dyingGrace = 250 * time.Millisecond
 
 // DialState is the state the shim reported when Dial reached it (zero for
 // a client from Spawn): a liveness probe needs no second round trip.

@@ -59,6 +59,17 @@ func pidfdReadable(fd int) bool {
 	}
 }
 
+// exitedWithin reports whether the process exits within d (bounded by
+// ctx as well); it returns at once if it already has.
+func (p *pidFD) exitedWithin(ctx context.Context, d time.Duration) bool {
+	if p.exited() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return p.wait(ctx) == nil
+}
+
 // wait blocks until the process has exited or ctx ends.
 func (p *pidFD) wait(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { _ = p.f.SetReadDeadline(time.Now()) })

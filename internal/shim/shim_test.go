@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == Command {
 		os.Exit(Main(os.Args[2:], fakeLaunch))
+	}
+	if sock := os.Getenv("CUBE_TEST_SILENT_SHIM"); sock != "" {
+		os.Exit(silentShim(sock, os.Getenv("CUBE_TEST_SILENT_FOR")))
 	}
 	os.Exit(m.Run())
 }
@@ -226,4 +230,84 @@ func FuzzReadInfo(f *testing.F) {
 			t.Fatalf("accepted schema %d", i.Schema)
 		}
 	})
+}
+
+// silentShim plays a shim that accepts connections but never answers, and
+// exits after the duration given (or never, if none).
+func silentShim(sock, lifetime string) int {
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return 1
+	}
+	go func() {
+		var held []net.Conn
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	if d, err := time.ParseDuration(lifetime); err == nil {
+		time.Sleep(d)
+		return 0
+	}
+	select {}
+}
+
+// startSilentShim runs silentShim as a child and records it in a state dir.
+func startSilentShim(t *testing.T, lifetime string) (dir string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	sock := filepath.Join(dir, SocketFile)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), "CUBE_TEST_SILENT_SHIM="+sock, "CUBE_TEST_SILENT_FOR="+lifetime)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	for range 200 {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	info := Info{Schema: SchemaVersion, PID: cmd.Process.Pid, Socket: sock, StartedAt: time.Now()}
+	if err := atomicfile.WriteJSON(filepath.Join(dir, InfoFile), info, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// A shim that is exiting while Dial asks it (a SIGKILLed shim keeps its
+// listener until its last thread is gone) is reported gone, not silent:
+// before the fix the liveness check of a running cubelet took such a shim
+// for an overloaded one and kept its dead sandbox.
+func TestDialDyingShimIsNotFound(t *testing.T) {
+	dir := startSilentShim(t, "150ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Dial(ctx, dir)
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("Dial of a dying shim: %v, want ErrNotFound", err)
+	}
+}
+
+// A shim that lives but does not answer stays "unavailable": it proves
+// nothing about its sandbox.
+func TestDialSilentShimIsUnavailable(t *testing.T) {
+	dir := startSilentShim(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := Dial(ctx, dir)
+	if errors.Is(err, errdefs.ErrNotFound) || err == nil {
+		t.Fatalf("Dial of a silent live shim: %v, want a not-answering error", err)
+	}
 }
