@@ -18,6 +18,9 @@ import (
 // op is one queued write.
 type op struct {
 	fn   func(*bolt.Tx) error
+	// applied runs once fn's write is committed, before the next commit
+	// (the record cache follows the file in commit order).
+	applied func()
 	done chan error    // the write's result
 	lead chan struct{} // told to commit the queue itself
 }
@@ -33,8 +36,8 @@ type committer struct {
 // concurrent writes, and returns fn's error or the commit's. fn may run
 // more than once (again alone, when a shared transaction failed), so it
 // must only write through tx and set results it computes from tx.
-func (s *Store) update(fn func(*bolt.Tx) error) error {
-	o := &op{fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+func (s *Store) update(fn func(*bolt.Tx) error, applied func()) error {
+	o := &op{fn: fn, applied: applied, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	s.c.mu.Lock()
 	s.c.queue = append(s.c.queue, o)
 	leader := !s.c.leading
@@ -78,12 +81,20 @@ func (s *Store) commit(batch []*op) {
 		})
 		if err == nil {
 			for _, o := range batch {
-				o.done <- nil
+				o.committed(nil)
 			}
 			return
 		}
 	}
 	for _, o := range batch {
-		o.done <- s.db.Update(o.fn)
+		o.committed(s.db.Update(o.fn))
 	}
+}
+
+// committed reports the write's result, applying it first if it is in.
+func (o *op) committed(err error) {
+	if err == nil && o.applied != nil {
+		o.applied()
+	}
+	o.done <- err
 }

@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -76,8 +75,9 @@ var (
 
 // Store is a bbolt-backed node store.
 type Store struct {
-	db *bolt.DB
-	c  committer
+	db    *bolt.DB
+	c     committer
+	cache recordCache
 }
 
 // Open opens (creating if needed) the node store at path.
@@ -98,6 +98,10 @@ func Open(path string) (*Store, error) {
 	if err := s.migrate(); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if err := s.cache.load(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("read node store %s: %w", path, err)
 	}
 	return s, nil
 }
@@ -144,7 +148,7 @@ func (s *Store) NextGeneration() (uint64, error) {
 		gen++
 		v, _ := json.Marshal(gen)
 		return meta.Put(keyGeneration, v)
-	})
+	}, nil)
 	return gen, err
 }
 
@@ -159,20 +163,18 @@ func (s *Store) Put(sb Sandbox) error {
 	}
 	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(sb.ID), data)
-	})
+	}, func() { s.cache.put(sb) })
 }
 
 // Get reads one sandbox record.
 func (s *Store) Get(id string) (Sandbox, error) {
-	var sb Sandbox
-	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketSandboxes).Get([]byte(id))
-		if v == nil {
-			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-		}
-		return json.Unmarshal(v, &sb)
-	})
-	return sb, err
+	if sb, ok := s.cache.get(id); ok {
+		return sb, nil
+	}
+	if s.cache.isBad(id) {
+		return Sandbox{}, fmt.Errorf("sandbox %s: record does not decode: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 }
 
 // PutReplacing writes sb and deletes the record `old` in one transaction
@@ -188,6 +190,9 @@ func (s *Store) PutReplacing(sb Sandbox, old string) error {
 			return err
 		}
 		return b.Delete([]byte(old))
+	}, func() {
+		s.cache.remove(old)
+		s.cache.put(sb)
 	})
 }
 
@@ -195,24 +200,14 @@ func (s *Store) PutReplacing(sb Sandbox, old string) error {
 func (s *Store) Delete(id string) error {
 	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
-	})
+	}, func() { s.cache.remove(id) })
 }
 
 // List returns every record, ordered by id. Records that cannot be decoded
 // are returned in bad (by key) instead of failing the whole listing, so one
-// corrupt record never blocks a node's restart.
+// corrupt record never blocks a node's restart. It reads the decoded copy
+// the store keeps (see recordCache).
 func (s *Store) List() (good []Sandbox, bad []string, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
-			var sb Sandbox
-			if err := json.Unmarshal(v, &sb); err != nil || sb.ID != string(k) {
-				bad = append(bad, string(k))
-				return nil
-			}
-			good = append(good, sb)
-			return nil
-		})
-	})
-	sort.Slice(good, func(i, j int) bool { return good[i].ID < good[j].ID })
-	return good, bad, err
+	good, bad = s.cache.list()
+	return good, bad, nil
 }

@@ -81,7 +81,21 @@ func TestCorruptRecordIsQuarantinedNotFatal(t *testing.T) {
 	s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte("broken"), []byte("{not json"))
 	})
+	s.Close()
+	if s, err = Open(path); err != nil {
+		t.Fatal(err)
+	}
 	list, bad, err := s.List()
+	if _, gerr := s.Get("broken"); !errors.Is(gerr, errdefs.ErrInvalidArgument) {
+		t.Errorf("Get of a corrupt record: %v, want ErrInvalidArgument", gerr)
+	}
+	// Rewriting a corrupt record heals it.
+	if err := s.Put(Sandbox{ID: "broken"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, b2, _ := s.List(); len(b2) != 0 {
+		t.Errorf("bad after rewrite: %v", b2)
+	}
 	s.Close()
 	if err != nil || len(list) != 1 || len(bad) != 1 || bad[0] != "broken" {
 		t.Fatalf("List = %v %v %v", list, bad, err)
@@ -196,5 +210,54 @@ func TestConcurrentWritesGroupCommit(t *testing.T) {
 	recs, bad, err := s.List()
 	if err != nil || len(recs) != n || len(bad) != 0 {
 		t.Fatalf("list: %d records, bad %v, %v", len(recs), bad, err)
+	}
+}
+
+// The decoded records the store keeps must equal the file after any mix
+// of concurrent writes (group commits included), and callers changing a
+// record they read must not change the store's copy.
+func TestRecordCacheFollowsCommits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 40 {
+				id := fmt.Sprintf("sb-%d-%d", w, i%7)
+				switch i % 3 {
+				case 0:
+					s.Put(Sandbox{ID: id, Ports: map[uint16]uint16{49983: uint16(30000 + i)}})
+				case 1:
+					s.PutReplacing(Sandbox{ID: id + "-x", Ports: map[uint16]uint16{1: 2}}, id)
+				case 2:
+					s.Delete(fmt.Sprintf("sb-%d-%d-x", w, (i+3)%7))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cached, _, _ := s.List()
+	if len(cached) == 0 {
+		t.Fatal("no records left; the test proves nothing")
+	}
+	cached[0].Ports[7] = 7 // must not reach the store
+	if r, _ := s.Get(cached[0].ID); r.Ports[7] == 7 {
+		t.Fatal("a caller's change reached the cached record")
+	}
+	cached, _, _ = s.List()
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fromFile, _, _ := s.List()
+	if fmt.Sprint(cached) != fmt.Sprint(fromFile) {
+		t.Fatalf("cache and file differ:\ncache %v\nfile  %v", cached, fromFile)
 	}
 }
