@@ -48,48 +48,52 @@ func checkInit(pid int, netnsPath string) error {
 	return nil
 }
 
-// setHostname sets the hostname of the UTS namespace of pid. It runs on an
-// OS thread of its own that joins that namespace and is then discarded
-// (the goroutine ends still locked), so no Go code ever runs on a thread
-// with a sandbox's UTS namespace afterwards.
-func setHostname(pid int, name string) error {
+// onDiscardedThread runs fn on an OS thread of its own that is discarded
+// afterwards (the goroutine ends still locked), so no Go code ever runs on
+// a thread left in a sandbox's namespace or with its credentials.
+func onDiscardedThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
-		fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/uts", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open uts namespace of %d: %w", pid, err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
-			errc <- fmt.Errorf("join uts namespace of %d: %w", pid, err)
-			return
-		}
-		if err := unix.Sethostname([]byte(name)); err != nil {
-			errc <- fmt.Errorf("sethostname: %w", err)
-			return
-		}
-		errc <- nil
+		errc <- fn()
 	}()
 	return <-errc
 }
 
-// writeInRoot replaces files (absolute paths inside the sandbox) in the
-// root filesystem of pid, seen through /proc/<pid>/root. Every directory
-// is resolved with openat2 RESOLVE_IN_ROOT, so a symlink in the template
-// (an absolute or ../ one, or a magic /proc link) resolves inside the
-// sandbox's root and never reaches a host file. Each file is written to a
-// temporary name in its directory and renamed over the old one, which
+// setHostnameLocked sets the hostname of the UTS namespace of pid by
+// joining it with the calling thread, which must be locked and discarded
+// (onDiscardedThread).
+func setHostnameLocked(pid int, name string) error {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/uts", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open uts namespace of %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWUTS); err != nil {
+		return fmt.Errorf("join uts namespace of %d: %w", pid, err)
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("sethostname: %w", err)
+	}
+	return nil
+}
+
+// writeInRootLocked replaces files (absolute paths inside the sandbox) in
+// the root filesystem of pid, seen through /proc/<pid>/root. Every
+// directory is resolved with openat2 RESOLVE_IN_ROOT, so a symlink in the
+// template (an absolute or ../ one, or a magic /proc link) resolves inside
+// the sandbox's root and never reaches a host file. Each file is written
+// to a temporary name in its directory and renamed over the old one, which
 // replaces a symlink rather than following it (as the cold path's
 // writeFiles does). Files get mode 0644 and the owner of the sandbox's
-// root directory.
-func writeInRoot(pid int, files map[string][]byte) error {
+// root directory. The calling thread must be locked and discarded
+// (onDiscardedThread): inRootLocked changes its filesystem ids.
+func writeInRootLocked(pid int, files map[string][]byte) error {
 	var dirs []string
 	for p := range files {
 		dirs = append(dirs, path.Dir(path.Clean("/"+p)))
 	}
-	return inRootAs(pid, dirs, func(dirfd map[string]int) error {
+	return inRootLocked(pid, dirs, func(dirfd map[string]int) error {
 		for p, data := range files {
 			p = path.Clean("/" + p)
 			if err := writeOneAt(dirfd[path.Dir(p)], path.Base(p), data); err != nil {
@@ -100,23 +104,18 @@ func writeInRoot(pid int, files map[string][]byte) error {
 	})
 }
 
-// inRootAs opens dirs (absolute paths inside the sandbox, resolved in the
-// root of pid) and runs fn with their fds, on an OS thread of its own that
-// is discarded afterwards and whose filesystem uid and gid are set to the
-// owner of the sandbox's root before fn runs: with a user namespace that is
-// the host id of the sandbox's root, and a file made by host root
-// (unmapped there) would fail with EOVERFLOW. The directories are opened
-// before, as host root, so the lookup through /proc/<pid>/root does not
-// depend on the sandbox's ids.
+// inRootAs runs inRootLocked on a discarded thread.
 func inRootAs(pid int, dirs []string, fn func(dirfd map[string]int) error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: its credentials change
-		errc <- inRootLocked(pid, dirs, fn)
-	}()
-	return <-errc
+	return onDiscardedThread(func() error { return inRootLocked(pid, dirs, fn) })
 }
 
+// inRootLocked opens dirs (absolute paths inside the sandbox, resolved in
+// the root of pid) and runs fn with their fds, after setting the calling
+// (locked, discarded) thread's filesystem uid and gid to the owner of the
+// sandbox's root: with a user namespace that is the host id of the
+// sandbox's root, and a file made by host root (unmapped there) would fail
+// with EOVERFLOW. The directories are opened before, as host root, so the
+// lookup through /proc/<pid>/root does not depend on the sandbox's ids.
 func inRootLocked(pid int, dirs []string, fn func(dirfd map[string]int) error) error {
 	root, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {

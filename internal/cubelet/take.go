@@ -2,6 +2,7 @@ package cubelet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -98,24 +99,31 @@ func (c *Cubelet) personalise(ctx context.Context, req CreateRequest, rec nodest
 	if err := checkInit(ps.initPID, netnsPath); err != nil {
 		return err
 	}
-	if err := setHostname(ps.initPID, rec.ID); err != nil {
-		return err
-	}
-	if err := failpoint.Hit("create/after-hostname"); err != nil {
-		return err
-	}
-	files := map[string][]byte{"/etc/hostname": hostnameFile(rec), "/etc/hosts": hostsFile(rec)}
-	if err := writeInRoot(ps.initPID, files); err != nil {
-		return err
-	}
-	if err := failpoint.Hit("create/after-files"); err != nil {
-		return err
-	}
+	// The hostname and the files that name the sandbox (one discarded
+	// thread: it joins the sandbox's UTS namespace and takes its root's
+	// filesystem ids) are set while envd takes its token and env vars.
+	rootDone := make(chan error, 1)
+	go func() {
+		rootDone <- onDiscardedThread(func() error {
+			if err := setHostnameLocked(ps.initPID, rec.ID); err != nil {
+				return err
+			}
+			if err := failpoint.Hit("create/after-hostname"); err != nil {
+				return err
+			}
+			files := map[string][]byte{"/etc/hostname": hostnameFile(rec), "/etc/hosts": hostsFile(rec)}
+			if err := writeInRootLocked(ps.initPID, files); err != nil {
+				return err
+			}
+			return failpoint.Hit("create/after-files")
+		})
+	}()
 	token := req.EnvdAccessToken
-	if err := initEnvd(ctx, netnsPath, ps.token, envdInit{AccessToken: &token, EnvVars: req.EnvVars}); err != nil {
-		return err
+	err := initEnvd(ctx, netnsPath, ps.token, envdInit{AccessToken: &token, EnvVars: req.EnvVars})
+	if err == nil {
+		err = failpoint.Hit("create/after-envd-init")
 	}
-	if err := failpoint.Hit("create/after-envd-init"); err != nil {
+	if err := errors.Join(<-rootDone, err); err != nil {
 		return err
 	}
 	if rec.CPUCount != ps.rec.CPUCount || rec.MemoryMB != ps.rec.MemoryMB {

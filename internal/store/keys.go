@@ -118,15 +118,17 @@ func (s *sqlStore) VerifyKey(ctx context.Context, plaintext string) (string, err
 		return "", fmt.Errorf("verify api key: %w: no key given", errdefs.ErrUnauthenticated)
 	}
 	want := sha256.Sum256([]byte(plaintext))
-	rows, err := s.db.QueryContext(ctx, s.d.bind(`SELECT id, hash FROM api_keys WHERE revoked_at IS NULL`))
+	rows, err := s.db.QueryContext(ctx, s.d.bind(`SELECT id, hash, last_used_at FROM api_keys WHERE revoked_at IS NULL`))
 	if err != nil {
 		return "", fmt.Errorf("verify api key: %w: %w", errdefs.ErrUnavailable, err)
 	}
 	defer rows.Close()
 	var found string
+	var foundUsed sql.NullInt64
 	for rows.Next() {
 		var id, h string
-		if err := rows.Scan(&id, &h); err != nil {
+		var used sql.NullInt64
+		if err := rows.Scan(&id, &h, &used); err != nil {
 			return "", fmt.Errorf("verify api key: %w: %w", errdefs.ErrUnavailable, err)
 		}
 		got, err := hex.DecodeString(h)
@@ -134,7 +136,7 @@ func (s *sqlStore) VerifyKey(ctx context.Context, plaintext string) (string, err
 			continue
 		}
 		if subtle.ConstantTimeCompare(got, want[:]) == 1 {
-			found = id
+			found, foundUsed = id, used
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -145,7 +147,13 @@ func (s *sqlStore) VerifyKey(ctx context.Context, plaintext string) (string, err
 		return "", fmt.Errorf("verify api key: %w: invalid API key", errdefs.ErrUnauthenticated)
 	}
 	now := s.now()
-	// Bookkeeping only: the key is valid even if this write fails.
+	// Bookkeeping only: the key is valid even if this write fails. It is
+	// written at most once per lastUsedResolution: a write on every request
+	// made every API call take SQLite's write lock, and a burst of creates
+	// queued behind it.
+	if foundUsed.Valid && foundUsed.Int64 >= toNanos(now.Add(-lastUsedResolution)) {
+		return found, nil
+	}
 	_, _ = s.db.ExecContext(ctx, s.d.bind(`UPDATE api_keys SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)`),
 		toNanos(now), found, toNanos(now.Add(-lastUsedResolution)))
 	return found, nil

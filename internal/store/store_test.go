@@ -459,3 +459,45 @@ func TestForeignKeysEnforced(t *testing.T) {
 		}
 	})
 }
+
+// Verifying a recently used key reads only: before, every API request
+// wrote last_used_at, so each one took SQLite's write lock and a burst of
+// creates queued behind it (or, here, behind a writer holding the lock).
+func TestVerifyKeyDoesNotWriteWhenRecentlyUsed(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "keys.db")
+	s, err := OpenSQLite(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key, err := s.CreateKey(ctx, "burst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.VerifyKey(ctx, key); err != nil { // records last_used_at
+		t.Fatal(err)
+	}
+	other, err := OpenSQLite(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	tx, err := other.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE: holds the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET name = name`); err != nil {
+		t.Fatal(err)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := s.VerifyKey(vctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("VerifyKey waited %v for the write lock", d)
+	}
+}
