@@ -36,6 +36,9 @@ type Dataplane struct {
 	hostNS, dpNS netns.NsHandle
 	host, dp     *netlink.Handle
 	nft          *nftables.Conn // long-lived, into dpNS; see dpConn
+	// ports mirrors the port map set (nil: not read yet, or dropped with
+	// nft after a failed operation); see portsOf.
+	ports map[uint16]Mapping
 }
 
 // Open creates or adopts the dataplane described by cfg: the pinned netns,

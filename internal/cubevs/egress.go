@@ -154,7 +154,25 @@ func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
 			}
 		}
 	}
-	queue(d.portmapSet(), func(e nftables.SetElement) bool { return e.Comment == owner })
+	// The port map is read from the mirror (see portsOf), the verdict map
+	// from the kernel.
+	ports, err := d.portsOf(c)
+	if err != nil {
+		return err
+	}
+	var unmapped []uint16
+	var elems []nftables.SetElement
+	for hp, m := range ports {
+		if m.Owner == owner {
+			unmapped = append(unmapped, hp)
+			elems = append(elems, nftables.SetElement{Key: portKey(hp)})
+		}
+	}
+	if len(elems) > 0 {
+		if err := c.SetDeleteElements(d.portmapSet(), elems); err != nil {
+			errs = append(errs, fmt.Errorf("delete from %s: %w", d.portmapSet().Name, err))
+		}
+	}
 	key := ifNameKey(LinkName(owner))
 	queue(d.sandboxesSet(), func(e nftables.SetElement) bool { return e.Comment == owner || bytes.Equal(e.Key, key) })
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
@@ -170,7 +188,13 @@ func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
 	if err := c.Flush(); err != nil {
 		errs = append(errs, fmt.Errorf("remove nftables objects of %s: %w", owner, err))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, hp := range unmapped {
+		delete(ports, hp)
+	}
+	return nil
 }
 
 // EgressOwners lists the owners whose egress chain is installed, read from

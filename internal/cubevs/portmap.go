@@ -53,16 +53,12 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 		return err
 	}
 	defer d.settleNFT(&err)
-	set := d.portmapSet()
-	elems, err := c.GetSetElements(set)
+	ports, err := d.portsOf(c)
 	if err != nil {
-		return fmt.Errorf("read port map: %w", err)
+		return err
 	}
-	for _, e := range elems {
-		old, ok := decodeMapping(e)
-		if !ok || old.HostPort != m.HostPort {
-			continue
-		}
+	set := d.portmapSet()
+	if old, ok := ports[m.HostPort]; ok {
 		if old.Owner != m.Owner {
 			return fmt.Errorf("host port %d is mapped to %s:%d owned by %q; %q cannot take it: %w",
 				m.HostPort, old.SandboxIP, old.GuestPort, old.Owner, m.Owner, errdefs.ErrConflict)
@@ -70,7 +66,7 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 		if old == m {
 			return nil
 		}
-		if err := c.SetDeleteElements(set, []nftables.SetElement{e}); err != nil {
+		if err := c.SetDeleteElements(set, []nftables.SetElement{{Key: portKey(old.HostPort)}}); err != nil {
 			return fmt.Errorf("replace mapping %d: %w", m.HostPort, err)
 		}
 	}
@@ -80,7 +76,38 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("add mapping %d -> %s:%d: %w", m.HostPort, m.SandboxIP, m.GuestPort, err)
 	}
+	ports[m.HostPort] = m
 	return nil
+}
+
+// portsOf returns the mirror of the port map set, reading the set once
+// when there is none. Every change this process makes to the set goes
+// through the dataplane's lock and updates the mirror once it is
+// committed; a failed operation drops the mirror with the connection
+// (dropNFT), and Mappings refreshes it from the kernel. So a create checks
+// its port against memory instead of dumping the whole set under the lock
+// (which grew with every sandbox on the node). The set lives in Cube's own
+// network namespace: nothing else is meant to write it.
+func (d *Dataplane) portsOf(c *nftables.Conn) (map[uint16]Mapping, error) {
+	if d.ports != nil {
+		return d.ports, nil
+	}
+	elems, err := c.GetSetElements(d.portmapSet())
+	if err != nil {
+		return nil, fmt.Errorf("read port map: %w", err)
+	}
+	d.ports = mirrorOf(elems)
+	return d.ports, nil
+}
+
+func mirrorOf(elems []nftables.SetElement) map[uint16]Mapping {
+	ports := make(map[uint16]Mapping, len(elems))
+	for _, e := range elems {
+		if m, ok := decodeMapping(e); ok {
+			ports[m.HostPort] = m
+		}
+	}
+	return ports
 }
 
 // RemoveMapping deletes the mapping of hostPort; an unmapped port is fine.
@@ -109,6 +136,7 @@ func (d *Dataplane) Mappings(ctx context.Context) (_ []Mapping, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("read port map: %w", err)
 	}
+	d.ports = mirrorOf(elems)
 	out := make([]Mapping, 0, len(elems))
 	for _, e := range elems {
 		if m, ok := decodeMapping(e); ok {
@@ -126,25 +154,29 @@ func (d *Dataplane) deleteMappings(del func(Mapping) bool) (err error) {
 		return err
 	}
 	defer d.settleNFT(&err)
-	set := d.portmapSet()
-	elems, err := c.GetSetElements(set)
+	ports, err := d.portsOf(c)
 	if err != nil {
-		return fmt.Errorf("read port map: %w", err)
+		return err
 	}
 	var gone []nftables.SetElement
-	for _, e := range elems {
-		if m, ok := decodeMapping(e); ok && del(m) {
-			gone = append(gone, nftables.SetElement{Key: e.Key})
+	var deleted []uint16
+	for hp, m := range ports {
+		if del(m) {
+			gone = append(gone, nftables.SetElement{Key: portKey(hp)})
+			deleted = append(deleted, hp)
 		}
 	}
 	if len(gone) == 0 {
 		return nil
 	}
-	if err := c.SetDeleteElements(set, gone); err != nil {
+	if err := c.SetDeleteElements(d.portmapSet(), gone); err != nil {
 		return fmt.Errorf("delete mappings: %w", err)
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("delete mappings: %w", err)
+	}
+	for _, hp := range deleted {
+		delete(ports, hp)
 	}
 	return nil
 }
@@ -152,13 +184,17 @@ func (d *Dataplane) deleteMappings(del func(Mapping) bool) (err error) {
 // encodeMapping lays out key = port (2 bytes), value = ip (4) . port (2,
 // padded to a 4-byte register), comment = owner.
 func encodeMapping(m Mapping) nftables.SetElement {
-	key := make([]byte, 2)
-	binary.BigEndian.PutUint16(key, m.HostPort)
+	key := portKey(m.HostPort)
 	ip := m.SandboxIP.As4()
 	val := make([]byte, 8)
 	copy(val, ip[:])
 	binary.BigEndian.PutUint16(val[4:], m.GuestPort)
 	return nftables.SetElement{Key: key, Val: val, Comment: m.Owner}
+}
+
+// portKey is the port map's key for hostPort.
+func portKey(hostPort uint16) []byte {
+	return binary.BigEndian.AppendUint16(nil, hostPort)
 }
 
 func decodeMapping(e nftables.SetElement) (Mapping, bool) {

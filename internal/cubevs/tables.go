@@ -206,6 +206,7 @@ func (d *Dataplane) settleNFT(err *error) {
 }
 
 func (d *Dataplane) dropNFT() {
+	d.ports = nil // whatever failed may have left the kernel unlike the mirror
 	if d.nft != nil {
 		d.nft.CloseLasting()
 		d.nft = nil

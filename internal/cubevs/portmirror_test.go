@@ -1,0 +1,62 @@
+package cubevs
+
+import (
+	"fmt"
+	"maps"
+	"testing"
+)
+
+// The dataplane answers AddMapping from its mirror of the port map; after
+// any sequence of its own adds, replacements, removals and detaches the
+// mirror must equal what the kernel holds (read by a second handle).
+func TestPortMirrorFollowsKernel(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	ipA, ipB := cfg.NodeCIDR.Addr().Next().Next(), cfg.NodeCIDR.Addr().Next().Next().Next()
+	if _, err := d.Attach(ctx, "sbx-mirror-a", ipA); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Attach(ctx, "sbx-mirror-b", ipB); err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.PortMin
+	steps := []func() error{
+		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p, SandboxIP: ipA, GuestPort: 80}) },
+		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p + 1, SandboxIP: ipA, GuestPort: 81}) },
+		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-b", HostPort: p + 2, SandboxIP: ipB, GuestPort: 82}) },
+		// Same owner, new guest port: replaced in place.
+		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p + 1, SandboxIP: ipA, GuestPort: 91}) },
+		func() error { return d.RemoveMapping(ctx, p) },
+		func() error { return d.Detach(ctx, "sbx-mirror-a") },
+		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-b", HostPort: p, SandboxIP: ipB, GuestPort: 83}) },
+	}
+	other := openDP(t, cfg)
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		d.mu.Lock()
+		mirror := maps.Clone(d.ports)
+		d.mu.Unlock()
+		kernel, err := other.Mappings(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[uint16]Mapping{}
+		for _, m := range kernel {
+			want[m.HostPort] = m
+		}
+		if fmt.Sprint(mirror) != fmt.Sprint(want) {
+			t.Fatalf("after step %d: mirror %v, kernel %v", i, mirror, want)
+		}
+	}
+	// A conflicting add fails, names both owners, and leaves both in step.
+	if err := d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-x", HostPort: p, SandboxIP: ipB, GuestPort: 83}); err == nil {
+		t.Fatal("conflicting add accepted")
+	}
+	if got, _ := d.Mappings(ctx); len(got) != 2 {
+		t.Fatalf("mappings after a refused add: %v", got)
+	}
+}
