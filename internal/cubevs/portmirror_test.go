@@ -3,6 +3,7 @@ package cubevs
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"testing"
 )
 
@@ -22,15 +23,20 @@ func TestPortMirrorFollowsKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := cfg.PortMin
+	add := func(owner string, hostPort uint16, ip netip.Addr, guest uint16) func() error {
+		return func() error {
+			return d.AddMapping(ctx, Mapping{Owner: owner, HostPort: hostPort, SandboxIP: ip, GuestPort: guest})
+		}
+	}
 	steps := []func() error{
-		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p, SandboxIP: ipA, GuestPort: 80}) },
-		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p + 1, SandboxIP: ipA, GuestPort: 81}) },
-		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-b", HostPort: p + 2, SandboxIP: ipB, GuestPort: 82}) },
+		add("sbx-mirror-a", p, ipA, 80),
+		add("sbx-mirror-a", p+1, ipA, 81),
+		add("sbx-mirror-b", p+2, ipB, 82),
 		// Same owner, new guest port: replaced in place.
-		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-a", HostPort: p + 1, SandboxIP: ipA, GuestPort: 91}) },
+		add("sbx-mirror-a", p+1, ipA, 91),
 		func() error { return d.RemoveMapping(ctx, p) },
 		func() error { return d.Detach(ctx, "sbx-mirror-a") },
-		func() error { return d.AddMapping(ctx, Mapping{Owner: "sbx-mirror-b", HostPort: p, SandboxIP: ipB, GuestPort: 83}) },
+		add("sbx-mirror-b", p, ipB, 83),
 	}
 	other := openDP(t, cfg)
 	for i, step := range steps {

@@ -17,12 +17,12 @@ import (
 
 // op is one queued write.
 type op struct {
-	fn   func(*bolt.Tx) error
+	fn func(*bolt.Tx) error
 	// applied runs once fn's write is committed, before the next commit
 	// (the record cache follows the file in commit order).
 	applied func()
-	done chan error    // the write's result
-	lead chan struct{} // told to commit the queue itself
+	done    chan error    // the write's result
+	lead    chan struct{} // told to commit the queue itself
 }
 
 // committer queues writes; one caller at a time (the leader) commits.
