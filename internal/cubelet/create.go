@@ -180,15 +180,16 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 	if err != nil {
 		return nsrt.Spec{}, err
 	}
+	args, reaper, binds := c.sandboxProcs(userns != nil)
 	return nsrt.Spec{
 		ID:        rec.Runtime(),
 		StateDir:  dir,
 		Rootfs:    rootfs,
 		NetNSPath: netnsPath,
 		Hostname:  rec.ID,
-		Args:      []string{"/.cube/envd", "--ready-fd", "3", "--config", "/.cube/envd.json"},
+		Args:      args,
 		Env:       []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Binds:     []nsrt.Bind{{Source: c.cfg.EnvdPath, Target: "/.cube/envd", ReadOnly: true}},
+		Binds:     binds,
 		Files: map[string]nsrt.FileSpec{
 			"/etc/resolv.conf": {Data: c.dp.ResolvConf(), Mode: 0o644},
 			"/etc/hosts":       {Data: hostsFile(rec), Mode: 0o644},
@@ -200,9 +201,34 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		CgroupParent: c.cfg.CgroupParent,
 		ReadyTimeout: envdReadyTimeout,
 		UserNS:       userns,
-		// envd's pid-1 mode adopts the envd started in the user namespace.
-		Reaper: []string{"/.cube/envd"},
+		Reaper:       reaper,
 	}, nil
+}
+
+// ReaperName is the file name of the pid-1 reaper looked for next to envd.
+const ReaperName = "cube-reaper"
+
+// sandboxProcs returns the argv of a sandbox's pid 1, the reaper that pid 1
+// execs when the sandbox has a user namespace (the runtime then starts
+// envd itself), and the binaries to bind in. With cube-reaper, pid 1 is
+// that small binary; without, envd's own pid-1 mode reaps (it re-executes
+// itself, or adopts the envd started in the user namespace).
+func (c *Cubelet) sandboxProcs(userns bool) (args, reaper []string, binds []nsrt.Bind) {
+	envd := []string{"/.cube/envd", "--ready-fd", "3", "--config", "/.cube/envd.json"}
+	binds = []nsrt.Bind{{Source: c.cfg.EnvdPath, Target: "/.cube/envd", ReadOnly: true}}
+	if c.cfg.ReaperPath == "" {
+		return envd, []string{"/.cube/envd"}, binds
+	}
+	binds = append(binds, nsrt.Bind{Source: c.cfg.ReaperPath, Target: "/.cube/reaper", ReadOnly: true})
+	if userns {
+		return envd, []string{"/.cube/reaper"}, binds
+	}
+	return append([]string{"/.cube/reaper", "--inherit-fd", "3", "--"}, envd...), nil, binds
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
 }
 
 // userNSSlot is the sandbox's user namespace id range index: its IP's

@@ -37,6 +37,11 @@ type Config struct {
 	Exe string
 	// EnvdPath is the host path of the static envd binary injected into sandboxes.
 	EnvdPath string
+	// ReaperPath is the host path of the static cube-reaper binary that
+	// runs as each sandbox's pid 1. Empty: ReaperName next to EnvdPath if
+	// that exists, else envd reaps for itself (one more envd-sized process
+	// per sandbox).
+	ReaperPath string
 	// EnvdVersion is the protocol version the injected envd implements.
 	EnvdVersion string
 	// CgroupParent is the cgroup under which sandbox cgroups are made.
@@ -114,6 +119,13 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	if _, err := os.Stat(cfg.EnvdPath); err != nil {
 		return nil, fmt.Errorf("envd binary %s: %w (build it with `make build`)", cfg.EnvdPath, errdefs.ErrFailedPrecondition)
+	}
+	if cfg.ReaperPath == "" {
+		if p := filepath.Join(filepath.Dir(cfg.EnvdPath), ReaperName); fileExists(p) {
+			cfg.ReaperPath = p
+		}
+	} else if !fileExists(cfg.ReaperPath) {
+		return nil, fmt.Errorf("reaper binary %s: %w (build it with `make build`)", cfg.ReaperPath, errdefs.ErrFailedPrecondition)
 	}
 	store, err := nodestore.Open(filepath.Join(cfg.StateDir, "node.db"))
 	if err != nil {

@@ -50,12 +50,16 @@ func TestMain(m *testing.M) {
 	envdBinary = filepath.Join(dir, "envd")
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	build := exec.Command("go", "build", "-o", envdBinary, "./cmd/envd")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Printf("build envd: %v\n%s", err, out)
-		os.Exit(1)
+	// cube-reaper sits next to envd, as `make build` puts it: sandboxes
+	// get it as pid 1 (TestReaperIsPID1 covers the fallback without it).
+	for out, pkg := range map[string]string{envdBinary: "./cmd/envd", filepath.Join(dir, ReaperName): "./cmd/cube-reaper"} {
+		build := exec.Command("go", "build", "-o", out, pkg)
+		build.Dir = root
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Printf("build %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -57,7 +57,8 @@ func goroutinesSettle(base int) bool {
 	return false
 }
 
-// envdBinary builds cmd/envd statically, once per test run.
+// envdBinary builds cmd/envd (and cmd/cube-reaper next to it) statically,
+// once per test run.
 func envdBinary(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -68,10 +69,13 @@ func envdBinary(t *testing.T) string {
 		binPath = filepath.Join(binDir, "envd")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", binPath, "github.com/cube-dev/cube/cmd/envd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v: %s", err, out)
+		for _, name := range []string{"envd", "cube-reaper"} {
+			cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(binDir, name), "github.com/cube-dev/cube/cmd/"+name)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				binErr = fmt.Errorf("go build %s: %v: %s", name, err, out)
+				return
+			}
 		}
 	})
 	if binErr != nil {
@@ -93,6 +97,13 @@ func freeAddr(t *testing.T) string {
 // runBinary starts envd with a config and waits for its ready byte.
 func runBinary(t *testing.T, cfg string, attr *syscall.SysProcAttr) (*exec.Cmd, string, *exitState) {
 	t.Helper()
+	return runBinaryUnder(t, cfg, attr, nil)
+}
+
+// runBinaryUnder is runBinary with envd started by wrapper (argv before
+// envd's own, e.g. cube-reaper ... --).
+func runBinaryUnder(t *testing.T, cfg string, attr *syscall.SysProcAttr, wrapper []string) (*exec.Cmd, string, *exitState) {
+	t.Helper()
 	bin := envdBinary(t)
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "envd.json")
@@ -103,7 +114,8 @@ func runBinary(t *testing.T, cfg string, attr *syscall.SysProcAttr) (*exec.Cmd, 
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := exec.Command(bin, "--addr", addr, "--config", cfgFile, "--ready-fd", "3")
+	argv := append(append([]string{}, wrapper...), bin, "--addr", addr, "--config", cfgFile, "--ready-fd", "3")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = attr
@@ -199,10 +211,19 @@ func TestBinary(t *testing.T) {
 // commands must be reaped, exit codes of commands must still be reported.
 func TestBinaryAsPID1(t *testing.T) {
 	t.Parallel()
+	t.Run("envd", func(t *testing.T) { testPID1(t, nil) })
+	// cube-reaper as pid 1 starting envd, as cubelet runs sandboxes.
+	t.Run("cube-reaper", func(t *testing.T) {
+		reaper := filepath.Join(filepath.Dir(envdBinary(t)), "cube-reaper")
+		testPID1(t, []string{reaper, "--inherit-fd", "3", "--"})
+	})
+}
+
+func testPID1(t *testing.T, wrapper []string) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for CLONE_NEWPID")
 	}
-	cmd, url, exited := runBinary(t, `{"defaultUser":"root"}`, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID})
+	cmd, url, exited := runBinaryUnder(t, `{"defaultUser":"root"}`, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}, wrapper)
 	reaperPid := cmd.Process.Pid
 	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", reaperPid))
 	if err != nil {

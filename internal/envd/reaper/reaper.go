@@ -25,19 +25,32 @@ func Needed() bool {
 	return os.Getpid() == 1 && os.Getenv("CUBE_ENVD_REAPED") == ""
 }
 
-// Run starts the current executable with args as a child, passing on fd
-// inheritFD (if > 2) at the same number, reaps all children until that
-// child exits, and returns the exit code to use (128+signal when the child
-// was killed by a signal).
+// Run starts the current executable with args as a child (envd re-executing
+// itself when it finds itself pid 1); see Start.
 func Run(args []string, inheritFD int) (int, error) {
-	sigs := make(chan os.Signal, 64)
-	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
-	defer signal.Stop(sigs)
-
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
 	}
+	return start(exe, append([]string{os.Args[0]}, args...), inheritFD)
+}
+
+// Start starts argv (argv[0] is the program's path) as a child, passing on
+// fd inheritFD (if > 2) at the same number, reaps all children until that
+// child exits, and returns the exit code to use (128+signal when the child
+// was killed by a signal).
+func Start(argv []string, inheritFD int) (int, error) {
+	if len(argv) == 0 {
+		return 2, errors.New("nothing to start")
+	}
+	return start(argv[0], argv, inheritFD)
+}
+
+func start(path string, argv []string, inheritFD int) (int, error) {
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	defer signal.Stop(sigs)
+
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	var inherited *os.File
 	if inheritFD > 2 {
@@ -47,7 +60,7 @@ func Run(args []string, inheritFD int) (int, error) {
 		}
 		files = append(files, inherited)
 	}
-	child, err := os.StartProcess(exe, append([]string{os.Args[0]}, args...), &os.ProcAttr{
+	child, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Env:   append(os.Environ(), envMarker),
 		Files: files,
 	})
@@ -55,7 +68,7 @@ func Run(args []string, inheritFD int) (int, error) {
 		_ = inherited.Close()
 	}
 	if err != nil {
-		return 1, fmt.Errorf("start envd child: %w", err)
+		return 1, fmt.Errorf("start %s: %w", path, err)
 	}
 	for sig := range sigs {
 		if sig != syscall.SIGCHLD {
