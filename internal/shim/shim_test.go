@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,6 +107,10 @@ func TestSpawnKill(t *testing.T) {
 	t.Cleanup(func() { _ = c.Kill(context.Background()) })
 	if c.Info().PID == os.Getpid() || c.Info().InitPID == 0 {
 		t.Fatalf("info = %+v", c.Info())
+	}
+	// The supervisor runs with one P; its workload does not inherit that.
+	if env := procEnv(t, c.Info().PID); !slices.Contains(env, "GOMAXPROCS=1") {
+		t.Errorf("shim environment lacks GOMAXPROCS=1: %q", env)
 	}
 	c2, err := Dial(ctx, dir)
 	if err != nil {
@@ -309,5 +314,22 @@ func TestDialSilentShimIsUnavailable(t *testing.T) {
 	_, err := Dial(ctx, dir)
 	if errors.Is(err, errdefs.ErrNotFound) || err == nil {
 		t.Fatalf("Dial of a silent live shim: %v, want a not-answering error", err)
+	}
+}
+
+// procEnv reads the environment of pid.
+func procEnv(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+func TestSupervisorEnv(t *testing.T) {
+	got := supervisorEnv([]string{"A=1", "GOMAXPROCS=8", "B=2"})
+	if !slices.Equal(got, []string{"A=1", "B=2", "GOMAXPROCS=1"}) {
+		t.Fatalf("supervisorEnv = %q", got)
 	}
 }

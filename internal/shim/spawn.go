@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +43,7 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 	defer pr.Close()
 	cmd := exec.Command(exe, Command, "--state-dir", stateDir)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = supervisorEnv(os.Environ())
 	cmd.ExtraFiles = []*os.File{pw}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	err = cmd.Start()
@@ -133,4 +135,20 @@ func eofIsUnexpected(err error) error {
 		return io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// supervisorEnv is the shim's environment: the caller's, with GOMAXPROCS=1.
+// A shim supervises one sandbox and answers a handful of requests, so one
+// P is plenty, and every P costs the Go runtime a span cache per size class:
+// 1.35 -> 1.07 MiB of anonymous memory per sandbox, measured. The sandbox
+// never sees it: nsrt gives sandbox-init and the workload explicit
+// environments.
+func supervisorEnv(env []string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, "GOMAXPROCS=1")
 }
