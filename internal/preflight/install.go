@@ -14,6 +14,8 @@ import (
 	"sort"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+
+	"github.com/cube-dev/cube/internal/atomicfile"
 )
 
 // ManifestName is the file InstallArtifacts writes last in the destination.
@@ -146,9 +148,6 @@ func atomicWriteFrom(dst string, r io.Reader, mode fs.FileMode) (err error) {
 	if err = os.Rename(tmp.Name(), dst); err != nil {
 		return err
 	}
-	if d, derr := os.Open(dir); derr == nil {
-		d.Sync()
-		d.Close()
-	}
+	atomicfile.SyncDir(dir)
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-dev/cube/internal/atomicfile"
 )
 
 // writeTarCache writes the tree at rootfs to file as an uncompressed tar,
@@ -46,7 +48,7 @@ func writeTarCache(ctx context.Context, rootfs, file string) (err error) {
 	if err := os.Rename(tmp, file); err != nil {
 		return err
 	}
-	syncDir(filepath.Dir(file))
+	atomicfile.SyncDir(filepath.Dir(file))
 	return nil
 }
 

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+
+	"github.com/cube-dev/cube/internal/atomicfile"
 )
 
 // Defaults applied to every newly registered template.
@@ -246,13 +248,13 @@ func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func
 	if err != nil {
 		return Template{}, fmt.Errorf("encode metadata: %w", err)
 	}
-	if err := writeFileSync(filepath.Join(staging, metaFile), append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(staging, metaFile), append(b, '\n'), 0o644); err != nil {
 		return Template{}, fmt.Errorf("write metadata: %w", err)
 	}
 	if err := os.Rename(staging, final); err != nil {
 		return Template{}, fmt.Errorf("register template %q: %w", name, err)
 	}
-	syncDir(r.Dir)
+	atomicfile.SyncDir(r.Dir)
 	t.RootfsPath = filepath.Join(final, rootfsDir)
 	return t, nil
 }
