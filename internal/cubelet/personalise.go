@@ -48,17 +48,21 @@ func checkInit(pid int, netnsPath string) error {
 	return nil
 }
 
-// onDiscardedThread runs fn on an OS thread of its own that is discarded
-// afterwards (the goroutine ends still locked), so no Go code ever runs on
-// a thread left in a sandbox's namespace or with its credentials.
-func onDiscardedThread(fn func() error) error {
+// startOnDiscardedThread runs fn on an OS thread of its own that is
+// discarded afterwards (the goroutine ends still locked), so no Go code
+// ever runs on a thread left in a sandbox's namespace or with its
+// credentials. fn's error arrives on the returned channel.
+func startOnDiscardedThread(fn func() error) <-chan error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
 		errc <- fn()
 	}()
-	return <-errc
+	return errc
 }
+
+// onDiscardedThread is startOnDiscardedThread waiting for fn.
+func onDiscardedThread(fn func() error) error { return <-startOnDiscardedThread(fn) }
 
 // setHostnameLocked sets the hostname of the UTS namespace of pid by
 // joining it with the calling thread, which must be locked and discarded
@@ -102,11 +106,6 @@ func writeInRootLocked(pid int, files map[string][]byte) error {
 		}
 		return nil
 	})
-}
-
-// inRootAs runs inRootLocked on a discarded thread.
-func inRootAs(pid int, dirs []string, fn func(dirfd map[string]int) error) error {
-	return onDiscardedThread(func() error { return inRootLocked(pid, dirs, fn) })
 }
 
 // inRootLocked opens dirs (absolute paths inside the sandbox, resolved in

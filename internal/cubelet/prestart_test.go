@@ -122,17 +122,19 @@ func TestPrestartedTake(t *testing.T) {
 		}
 	}
 	root := "/proc/" + strconv.Itoa(slot.initPID) + "/root"
-	err := inRootAs(slot.initPID, []string{"/etc"}, func(dirfd map[string]int) error {
-		for name, target := range map[string]string{
-			"hosts":    hostHosts,
-			"hostname": strings.Repeat("../", 12) + strings.TrimPrefix(hostName, "/"),
-		} {
-			unix.Unlinkat(dirfd["/etc"], name, 0)
-			if err := unix.Symlinkat(target, dirfd["/etc"], name); err != nil {
-				return err
+	err := onDiscardedThread(func() error {
+		return inRootLocked(slot.initPID, []string{"/etc"}, func(dirfd map[string]int) error {
+			for name, target := range map[string]string{
+				"hosts":    hostHosts,
+				"hostname": strings.Repeat("../", 12) + strings.TrimPrefix(hostName, "/"),
+			} {
+				unix.Unlinkat(dirfd["/etc"], name, 0)
+				if err := unix.Symlinkat(target, dirfd["/etc"], name); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -102,22 +102,19 @@ func (c *Cubelet) personalise(ctx context.Context, req CreateRequest, rec nodest
 	// The hostname and the files that name the sandbox (one discarded
 	// thread: it joins the sandbox's UTS namespace and takes its root's
 	// filesystem ids) are set while envd takes its token and env vars.
-	rootDone := make(chan error, 1)
-	go func() {
-		rootDone <- onDiscardedThread(func() error {
-			if err := setHostnameLocked(ps.initPID, rec.ID); err != nil {
-				return err
-			}
-			if err := failpoint.Hit("create/after-hostname"); err != nil {
-				return err
-			}
-			files := map[string][]byte{"/etc/hostname": hostnameFile(rec), "/etc/hosts": hostsFile(rec)}
-			if err := writeInRootLocked(ps.initPID, files); err != nil {
-				return err
-			}
-			return failpoint.Hit("create/after-files")
-		})
-	}()
+	rootDone := startOnDiscardedThread(func() error {
+		if err := setHostnameLocked(ps.initPID, rec.ID); err != nil {
+			return err
+		}
+		if err := failpoint.Hit("create/after-hostname"); err != nil {
+			return err
+		}
+		files := map[string][]byte{"/etc/hostname": hostnameFile(rec), "/etc/hosts": hostsFile(rec)}
+		if err := writeInRootLocked(ps.initPID, files); err != nil {
+			return err
+		}
+		return failpoint.Hit("create/after-files")
+	})
 	token := req.EnvdAccessToken
 	err := initEnvd(ctx, netnsPath, ps.token, envdInit{AccessToken: &token, EnvVars: req.EnvVars})
 	if err == nil {

@@ -160,18 +160,9 @@ func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
 	if err != nil {
 		return err
 	}
-	var unmapped []uint16
-	var elems []nftables.SetElement
-	for hp, m := range ports {
-		if m.Owner == owner {
-			unmapped = append(unmapped, hp)
-			elems = append(elems, nftables.SetElement{Key: portKey(hp)})
-		}
-	}
-	if len(elems) > 0 {
-		if err := c.SetDeleteElements(d.portmapSet(), elems); err != nil {
-			errs = append(errs, fmt.Errorf("delete from %s: %w", d.portmapSet().Name, err))
-		}
+	unmapped, err := d.queueUnmap(c, ports, func(m Mapping) bool { return m.Owner == owner })
+	if err != nil {
+		errs = append(errs, err)
 	}
 	key := ifNameKey(LinkName(owner))
 	queue(d.sandboxesSet(), func(e nftables.SetElement) bool { return e.Comment == owner || bytes.Equal(e.Key, key) })
@@ -191,9 +182,7 @@ func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	for _, hp := range unmapped {
-		delete(ports, hp)
-	}
+	forget(ports, unmapped)
 	return nil
 }
 

@@ -137,11 +137,9 @@ func (d *Dataplane) Mappings(ctx context.Context) (_ []Mapping, err error) {
 		return nil, fmt.Errorf("read port map: %w", err)
 	}
 	d.ports = mirrorOf(elems)
-	out := make([]Mapping, 0, len(elems))
-	for _, e := range elems {
-		if m, ok := decodeMapping(e); ok {
-			out = append(out, m)
-		}
+	out := make([]Mapping, 0, len(d.ports))
+	for _, m := range d.ports {
+		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].HostPort < out[j].HostPort })
 	return out, nil
@@ -158,27 +156,43 @@ func (d *Dataplane) deleteMappings(del func(Mapping) bool) (err error) {
 	if err != nil {
 		return err
 	}
-	var gone []nftables.SetElement
-	var deleted []uint16
-	for hp, m := range ports {
-		if del(m) {
-			gone = append(gone, nftables.SetElement{Key: portKey(hp)})
-			deleted = append(deleted, hp)
-		}
-	}
-	if len(gone) == 0 {
-		return nil
-	}
-	if err := c.SetDeleteElements(d.portmapSet(), gone); err != nil {
-		return fmt.Errorf("delete mappings: %w", err)
+	deleted, err := d.queueUnmap(c, ports, del)
+	if err != nil || len(deleted) == 0 {
+		return err
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("delete mappings: %w", err)
 	}
-	for _, hp := range deleted {
+	forget(ports, deleted)
+	return nil
+}
+
+// queueUnmap queues, on c, the deletion of the mappings in ports (the
+// mirror) that match del, and returns their host ports. Once the caller's
+// transaction is committed it drops them from the mirror with forget.
+func (d *Dataplane) queueUnmap(c *nftables.Conn, ports map[uint16]Mapping, del func(Mapping) bool) ([]uint16, error) {
+	var gone []nftables.SetElement
+	var hostPorts []uint16
+	for hp, m := range ports {
+		if del(m) {
+			gone = append(gone, nftables.SetElement{Key: portKey(hp)})
+			hostPorts = append(hostPorts, hp)
+		}
+	}
+	if len(gone) == 0 {
+		return nil, nil
+	}
+	if err := c.SetDeleteElements(d.portmapSet(), gone); err != nil {
+		return nil, fmt.Errorf("delete from %s: %w", d.portmapSet().Name, err)
+	}
+	return hostPorts, nil
+}
+
+// forget drops committed deletions from the port mirror.
+func forget(ports map[uint16]Mapping, hostPorts []uint16) {
+	for _, hp := range hostPorts {
 		delete(ports, hp)
 	}
-	return nil
 }
 
 // encodeMapping lays out key = port (2 bytes), value = ip (4) . port (2,
