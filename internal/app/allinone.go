@@ -30,22 +30,23 @@ import (
 
 // AllInOneConfig configures `cube up`.
 type AllInOneConfig struct {
-	Listen        string
-	DataDir       string
-	RunDir        string
-	APIKey        string // empty: use the stored keys, or generate one on first start
-	Domain        string
-	KeepSandboxes bool
-	EnvdPath      string
-	Exe           string
-	CgroupParent  string          // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
-	PoolSize      int             // warm-pool slots kept ready (0 = every create is cold)
-	PoolPrestart  bool            // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
-	UserNS        nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
-	RateLimits    *api.RateLimits // per-API-key limits; nil = api.DefaultRateLimits
-	Network       cubevs.Config
-	Logger        *slog.Logger
-	Out           io.Writer // user-facing output (progress, exports)
+	Listen            string
+	DataDir           string
+	RunDir            string
+	APIKey            string // empty: use the stored keys, or generate one on first start
+	Domain            string
+	KeepSandboxes     bool
+	EnvdPath          string
+	Exe               string
+	CgroupParent      string          // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
+	PoolSize          int             // warm-pool slots kept ready (0 = every create is cold)
+	PoolPrestart      bool            // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
+	CreateParallelism int             // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
+	UserNS            nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
+	RateLimits        *api.RateLimits // per-API-key limits; nil = api.DefaultRateLimits
+	Network           cubevs.Config
+	Logger            *slog.Logger
+	Out               io.Writer // user-facing output (progress, exports)
 }
 
 // RunAllInOne starts server and cubelet on this machine and blocks until ctx
@@ -81,16 +82,17 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 				}
 			}
 		},
-		StateDir:     filepath.Join(cfg.DataDir, "node"),
-		Exe:          cfg.Exe,
-		EnvdPath:     cfg.EnvdPath,
-		EnvdVersion:  envd.Version,
-		CgroupParent: cfg.CgroupParent,
-		PoolSize:     cfg.PoolSize,
-		UserNS:       cfg.UserNS,
-		PoolPrestart: cfg.PoolPrestart,
-		Network:      cfg.Network,
-		Logger:       log.With("role", "cubelet"),
+		StateDir:          filepath.Join(cfg.DataDir, "node"),
+		Exe:               cfg.Exe,
+		EnvdPath:          cfg.EnvdPath,
+		EnvdVersion:       envd.Version,
+		CgroupParent:      cfg.CgroupParent,
+		PoolSize:          cfg.PoolSize,
+		CreateParallelism: cfg.CreateParallelism,
+		UserNS:            cfg.UserNS,
+		PoolPrestart:      cfg.PoolPrestart,
+		Network:           cfg.Network,
+		Logger:            log.With("role", "cubelet"),
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)

@@ -30,25 +30,26 @@ import (
 
 // CubeletConfig configures `cube cubelet`, the node agent in cluster mode.
 type CubeletConfig struct {
-	ServerURLs   []string // server replicas serving RegistryService, tried in order
-	APIKey       string   // presented at registration (optional unless the server requires it)
-	NodeID       string
-	Listen       string // CubeletService listener
-	PrepDir      string // `cube prep` records reported as preflight health (default <DataDir>/prep)
-	AdvertiseIP  string // address the server reaches this node's RPC on (and its host ports, unless DataIP is set)
-	DataIP       string // address on which the node's host ports (sandbox traffic) are reached; default AdvertiseIP
-	DataDir      string
-	RunDir       string
-	CgroupParent string
-	EnvdPath     string
-	Exe          string
-	BuildBase    bool            // build the `base` template if missing
-	PoolSize     int             // warm-pool slots
-	PoolPrestart bool            // slots are pre-started sandboxes of template base
-	UserNS       nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
-	Capacity     *nodev1.Capacity
-	Network      cubevs.Config
-	Logger       *slog.Logger
+	ServerURLs        []string // server replicas serving RegistryService, tried in order
+	APIKey            string   // presented at registration (optional unless the server requires it)
+	NodeID            string
+	Listen            string // CubeletService listener
+	PrepDir           string // `cube prep` records reported as preflight health (default <DataDir>/prep)
+	AdvertiseIP       string // address the server reaches this node's RPC on (and its host ports, unless DataIP is set)
+	DataIP            string // address on which the node's host ports (sandbox traffic) are reached; default AdvertiseIP
+	DataDir           string
+	RunDir            string
+	CgroupParent      string
+	EnvdPath          string
+	Exe               string
+	BuildBase         bool            // build the `base` template if missing
+	PoolSize          int             // warm-pool slots
+	PoolPrestart      bool            // slots are pre-started sandboxes of template base
+	CreateParallelism int             // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
+	UserNS            nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
+	Capacity          *nodev1.Capacity
+	Network           cubevs.Config
+	Logger            *slog.Logger
 }
 
 // RunCubelet runs the node agent: it reconciles the node, serves
@@ -69,8 +70,9 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
 		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolPrestart: cfg.PoolPrestart,
-		UserNS:  cfg.UserNS,
-		Fetcher: &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
+		CreateParallelism: cfg.CreateParallelism,
+		UserNS:            cfg.UserNS,
+		Fetcher:           &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)

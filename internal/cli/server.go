@@ -67,6 +67,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
 	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
+	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", envInt("CUBE_CREATE_PARALLELISM", 0), "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit (env CUBE_CREATE_PARALLELISM)")
 	addUserNSFlag(fs, &cfg.UserNS)
 	nf := addNetworkFlags(fs, &cfg.Network)
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")

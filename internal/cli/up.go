@@ -32,6 +32,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
 	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots (netns + veth + IP + disk) kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
+	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", envInt("CUBE_CREATE_PARALLELISM", 0), "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit (env CUBE_CREATE_PARALLELISM)")
 	addUserNSFlag(fs, &cfg.UserNS)
 	var err error
 	if cfg.RateLimits, err = addRateLimitFlags(fs); err != nil {

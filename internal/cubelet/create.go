@@ -41,6 +41,11 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	}
 	c.pool.creating.Add(1)
 	defer c.pool.creating.Add(-1)
+	endTurn, err := c.takeTurn(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer endTurn()
 	tmpl, err := c.template(ctx, req.Template)
 	if err != nil {
 		return Sandbox{}, fmt.Errorf("template %q: %w", req.Template, err)
@@ -158,7 +163,9 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 		return Sandbox{}, err
 	}
 	c.log.Info("sandbox created", "sandbox", rec.ID, "template", rec.Template, "ip", ip, "envdHostPort", hostPort)
-	return toSandbox(rec), nil
+	sb = toSandbox(rec)
+	sb.EnvdAccessToken = req.EnvdAccessToken
+	return sb, nil
 }
 
 // runtimeSpec builds the namespace runtime's blueprint for one sandbox (or
@@ -320,16 +327,7 @@ func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uin
 	for p := range c.reservedPorts {
 		ports[p] = true
 	}
-	recs, _, err := c.store.List()
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, r := range recs {
-		ips[r.IP] = true
-		for _, hp := range r.Ports {
-			ports[hp] = true
-		}
-	}
+	c.store.AddAddresses(ips, ports)
 	for _, m := range maps {
 		ports[m.HostPort] = true
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
+	"golang.org/x/sync/semaphore"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox.
@@ -62,6 +63,12 @@ type Config struct {
 	// PoolPrestart makes slots pre-started sandboxes of PoolTemplate (see
 	// pool.go); false keeps plain slots (IP + netns + veth + disk image).
 	PoolPrestart bool
+	// CreateParallelism is how many creates run at once; the others wait
+	// their turn in arrival order (0: DefaultCreateParallelism; negative:
+	// no limit). A burst of creates shares the node's CPUs: run all at once,
+	// every one of them finishes near the end of the burst; in turns, the
+	// first finish early and the last no later.
+	CreateParallelism int
 	// PoolTemplate is the template pre-started slots run
 	// (default DefaultPoolTemplate).
 	PoolTemplate string
@@ -99,6 +106,8 @@ type Cubelet struct {
 	strayPorts map[uint16]bool
 	reconciled bool
 
+	// turns admits creates, CreateParallelism at a time (nil: no limit).
+	turns     *semaphore.Weighted
 	pool      pool
 	stopPool  context.CancelFunc
 	closeOnce sync.Once
@@ -142,6 +151,7 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},
 		pool:          pool{kick: make(chan struct{}, 1)},
+		turns:         newTurns(cfg.CreateParallelism),
 		stopPool:      func() {},
 	}
 	if _, err := c.Reconcile(ctx); err != nil {

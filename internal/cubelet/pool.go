@@ -271,7 +271,7 @@ func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
 		s.rec.Template, s.digest = tmpl.Name, tmpl.Digest
 		s.rec.CPUCount, s.rec.MemoryMB, s.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
 		s.rec.EnvdVersion = c.cfg.EnvdVersion
-		s.token = randomHex(16)
+		s.token = randomHex(32) // may become the sandbox's envd token (see personalise)
 	}
 	c.mu.Lock()
 	ips, _, err := c.takenWith(nil) // IPs only: kernel mappings hold ports

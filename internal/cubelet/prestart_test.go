@@ -147,7 +147,7 @@ func TestPrestartedTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.IP != slot.rec.IP || sb.CPUCount != 1 || sb.MemoryMB != 256 {
+	if sb.IP != slot.rec.IP || sb.CPUCount != 1 || sb.MemoryMB != 256 || sb.EnvdAccessToken != "tok" {
 		t.Fatalf("sandbox %+v from slot %+v", sb, slot.rec)
 	}
 	rec, err := c.store.Get("taken")
@@ -209,6 +209,58 @@ func TestPrestartedTake(t *testing.T) {
 	}
 	if _, err := os.Stat(c.sandboxDir(slot.rec.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("slot state dir left after kill: %v", err)
+	}
+	assertClean(t, c)
+}
+
+// TestPrestartedTakeKeepsSlotToken: a create that lets the node choose the
+// token and asks for no env vars keeps the slot's envd untouched (no /init):
+// the slot's token is the sandbox's, returned to the caller, and envd
+// accepts it and nothing else. With env vars envd is told, and the
+// request's token is the one in use.
+func TestPrestartedTakeKeepsSlotToken(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 1
+	c := n.start(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		id      string
+		envVars map[string]string
+	}{
+		{"slottoken", nil},
+		{"withenv", map[string]string{"FROM_CREATE": "yes"}},
+	} {
+		waitPool(t, c, 1)
+		slot := readySlots(c)[0]
+		req := createReq(tc.id)
+		req.NodeMayChooseToken, req.EnvVars = true, tc.envVars
+		sb, err := c.CreateSandbox(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, rejected := slot.token, req.EnvdAccessToken
+		if tc.envVars != nil {
+			want, rejected = req.EnvdAccessToken, slot.token
+		}
+		if sb.EnvdAccessToken != want || len(slot.token) < 64 {
+			t.Fatalf("%s: token %q, want %q", tc.id, sb.EnvdAccessToken, want)
+		}
+		if got := hostnameOf(t, slot.initPID); got != tc.id {
+			t.Errorf("%s: hostname %q", tc.id, got)
+		}
+		for _, tok := range []string{"", rejected} {
+			if code, _ := envdGet(t, c, tc.id, "/envs", tok); code != http.StatusUnauthorized {
+				t.Errorf("%s: envd with token %q: %d, want 401", tc.id, tok, code)
+			}
+		}
+		code, body := envdGet(t, c, tc.id, "/envs", want)
+		var envs map[string]string
+		if code != http.StatusOK || json.Unmarshal(body, &envs) != nil || envs["FROM_CREATE"] != tc.envVars["FROM_CREATE"] {
+			t.Errorf("%s: envs with the sandbox's token: %d %s", tc.id, code, body)
+		}
+		if err := c.KillSandbox(ctx, tc.id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	assertClean(t, c)
 }

@@ -68,7 +68,8 @@ func (c *Cubelet) createFromSlot(ctx context.Context, req CreateRequest, rec nod
 		return Sandbox{}, err
 	}
 	st.mark("egress")
-	if err := c.personalise(ctx, req, rec, ps, netnsPath); err != nil {
+	token, err := c.personalise(ctx, req, rec, ps, netnsPath)
+	if err != nil {
 		return Sandbox{}, fmt.Errorf("personalise pre-started sandbox: %w", err)
 	}
 	st.mark("personalise")
@@ -89,15 +90,24 @@ func (c *Cubelet) createFromSlot(ctx context.Context, req CreateRequest, rec nod
 	st.mark("running")
 	c.log.Info("sandbox created", "sandbox", rec.ID, "template", rec.Template, "ip", ip, "envdHostPort", hostPort, "slot", slot.ID)
 	c.log.Debug("sandbox create steps", append([]any{"sandbox", rec.ID}, st.attrs()...)...)
-	return toSandbox(rec), nil
+	sb := toSandbox(rec)
+	sb.EnvdAccessToken = token
+	return sb, nil
 }
 
 // personalise makes the running slot sandbox rec's: hostname, the files
 // that name it, envd's access token and env vars, and the cgroup limits
-// when they differ from the slot's.
-func (c *Cubelet) personalise(ctx context.Context, req CreateRequest, rec nodestore.Sandbox, ps poolSlot, netnsPath string) error {
+// when they differ from the slot's. It returns the token envd accepts.
+//
+// envd is told nothing when the caller lets the node choose the token and
+// asks for no env vars: it keeps the slot's token (random, never shown to
+// anyone before) and has no env vars to take. That spares a round trip
+// into the sandbox, and envd's work, on most creates. envd is known to
+// run: the slot's envd answered when the slot was made, and checkInit
+// finds the slot's pid 1, which exits when envd does.
+func (c *Cubelet) personalise(ctx context.Context, req CreateRequest, rec nodestore.Sandbox, ps poolSlot, netnsPath string) (string, error) {
 	if err := checkInit(ps.initPID, netnsPath); err != nil {
-		return err
+		return "", err
 	}
 	// The hostname and the files that name the sandbox (one discarded
 	// thread: it joins the sandbox's UTS namespace and takes its root's
@@ -116,23 +126,28 @@ func (c *Cubelet) personalise(ctx context.Context, req CreateRequest, rec nodest
 		return failpoint.Hit("create/after-files")
 	})
 	token := req.EnvdAccessToken
-	err := initEnvd(ctx, netnsPath, ps.token, envdInit{AccessToken: &token, EnvVars: req.EnvVars})
+	var err error
+	if req.NodeMayChooseToken && len(req.EnvVars) == 0 {
+		token = ps.token
+	} else {
+		err = initEnvd(ctx, netnsPath, ps.token, envdInit{AccessToken: &token, EnvVars: req.EnvVars})
+	}
 	if err == nil {
 		err = failpoint.Hit("create/after-envd-init")
 	}
 	if err := errors.Join(<-rootDone, err); err != nil {
-		return err
+		return "", err
 	}
 	if rec.CPUCount != ps.rec.CPUCount || rec.MemoryMB != ps.rec.MemoryMB {
 		cg, err := cgroup.Open(c.cfg.CgroupParent, rec.Runtime())
 		if err != nil {
-			return err
+			return "", err
 		}
 		if err := cg.SetResources(sandboxResources(rec)); err != nil {
-			return fmt.Errorf("set cgroup limits: %w", err)
+			return "", fmt.Errorf("set cgroup limits: %w", err)
 		}
 	}
-	return failpoint.Hit("create/after-limits")
+	return token, failpoint.Hit("create/after-limits")
 }
 
 // sandboxResources are the cgroup limits of a sandbox.

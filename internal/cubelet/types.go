@@ -14,7 +14,12 @@ type CreateRequest struct {
 	MemoryMB        int // 0 = template default
 	EnvVars         map[string]string
 	EnvdAccessToken string
-	AllowInternet   bool
+	// NodeMayChooseToken lets the cubelet give the sandbox a token of its
+	// own instead of EnvdAccessToken: a pre-started slot's, when no env
+	// vars are asked for either, so envd needs no /init at all. The token
+	// in use is returned in Sandbox.EnvdAccessToken.
+	NodeMayChooseToken bool
+	AllowInternet      bool
 }
 
 // Sandbox is the live view of a sandbox on a node.
@@ -27,6 +32,8 @@ type Sandbox struct {
 	MemoryMB    int
 	DiskSizeMB  int
 	StartedAt   time.Time
+	// EnvdAccessToken is the token envd accepts; set by CreateSandbox only.
+	EnvdAccessToken string
 	// NodeID names the node the sandbox runs on; set by a multi-node
 	// scheduler (empty from a single in-process cubelet).
 	NodeID string

@@ -3,11 +3,13 @@ package cubevs
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 )
@@ -275,4 +277,25 @@ func hasChain(t *testing.T, d *Dataplane, name string) bool {
 		}
 	}
 	return false
+}
+
+func TestIsHostRoute(t *testing.T) {
+	ip := netip.MustParseAddr("10.222.0.7")
+	cidr := func(s string) *net.IPNet { _, n, _ := net.ParseCIDR(s); return n }
+	for _, tc := range []struct {
+		name string
+		r    netlink.Route
+		want bool
+	}{
+		{"host route", netlink.Route{Dst: cidr("10.222.0.7/32"), Table: unix.RT_TABLE_MAIN}, true},
+		{"host route, table unset", netlink.Route{Dst: cidr("10.222.0.7/32")}, true},
+		{"covering prefix", netlink.Route{Dst: cidr("10.222.0.0/16"), Table: unix.RT_TABLE_MAIN}, false},
+		{"default route", netlink.Route{Table: unix.RT_TABLE_MAIN}, false},
+		{"other address", netlink.Route{Dst: cidr("10.222.0.8/32"), Table: unix.RT_TABLE_MAIN}, false},
+		{"local table", netlink.Route{Dst: cidr("10.222.0.7/32"), Table: unix.RT_TABLE_LOCAL}, false},
+	} {
+		if got := isHostRoute(tc.r, ip); got != tc.want {
+			t.Errorf("%s: isHostRoute = %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

@@ -202,19 +202,39 @@ func (d *Dataplane) configureSandboxSide(sb *netlink.Handle, peer netlink.Link, 
 	return nil
 }
 
-// routeOwner returns the dataplane link that ip/32 is routed to and that
-// link's owner (alias), or "", "".
+// routeOwner returns the dataplane link that ip/32 is routed to (in the
+// main table) and that link's owner (alias), or "", "". It asks the kernel
+// for the route that matches ip (RTM_F_FIB_MATCH: the table entry, not the
+// resolved next hop) instead of dumping every route: one lookup, whatever
+// the number of sandboxes, under the dataplane lock of every attach and
+// mapping.
 func (d *Dataplane) routeOwner(ip netip.Addr) (link, owner string, err error) {
-	routes, err := d.dp.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: hostIPNet(ip)}, netlink.RT_FILTER_DST)
+	routes, err := d.dp.RouteGetWithOptions(ip.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true})
+	if errors.Is(err, unix.ENETUNREACH) || errors.Is(err, unix.EHOSTUNREACH) {
+		return "", "", nil
+	}
 	if err != nil {
 		return "", "", fmt.Errorf("look up route to %s: %w", ip, err)
 	}
 	for _, r := range routes {
+		if !isHostRoute(r, ip) {
+			continue
+		}
 		if l, err := d.dp.LinkByIndex(r.LinkIndex); err == nil {
 			return l.Attrs().Name, l.Attrs().Alias, nil
 		}
 	}
 	return "", "", nil
+}
+
+// isHostRoute reports whether r is the main table's route for ip/32.
+func isHostRoute(r netlink.Route, ip netip.Addr) bool {
+	if r.Dst == nil || (r.Table != 0 && r.Table != unix.RT_TABLE_MAIN) {
+		return false
+	}
+	ones, bits := r.Dst.Mask.Size()
+	dst, ok := netip.AddrFromSlice(r.Dst.IP)
+	return ok && ones == 32 && bits == 32 && dst.Unmap() == ip
 }
 
 // Detach removes owner's mappings, egress chain, veth pair and netns pin,

@@ -75,9 +75,13 @@ func (m *Master) Create(ctx context.Context, p CreateParams) (store.Sandbox, err
 	allowInternet := p.AllowInternetAccess == nil || *p.AllowInternetAccess
 	live, err := m.node.CreateSandbox(ctx, cubelet.CreateRequest{
 		SandboxID: id, Template: tpl.Name, EnvVars: p.EnvVars, EnvdAccessToken: token, AllowInternet: allowInternet,
+		NodeMayChooseToken: true,
 	})
 	if err != nil {
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", nodeCreateError(err))
+	}
+	if live.EnvdAccessToken != "" {
+		token = live.EnvdAccessToken // the node kept a pre-started slot's token
 	}
 	sb, err := m.recordCreated(ctx, p, tpl, live, id, token, timeout, updater, allowInternet)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ type fakeNode struct {
 	createErr error
 	killErr   error
 	network   map[string]NetworkPolicy
+	// nodeToken, when set, is the token the node gives a sandbox whose
+	// create lets it choose one (a pre-started slot's).
+	nodeToken string
 }
 
 func newFakeNode() *fakeNode {
@@ -39,8 +43,12 @@ func (n *fakeNode) CreateSandbox(ctx context.Context, req cubelet.CreateRequest)
 		return cubelet.Sandbox{}, n.createErr
 	}
 	n.live[req.SandboxID] = "running"
-	return cubelet.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
-		EnvdVersion: "0.2.0", StartedAt: time.Now()}, nil
+	sb := cubelet.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
+		EnvdVersion: "0.2.0", StartedAt: time.Now()}
+	if req.NodeMayChooseToken && n.nodeToken != "" {
+		sb.EnvdAccessToken = n.nodeToken
+	}
+	return sb, nil
 }
 
 func (n *fakeNode) KillSandbox(ctx context.Context, id string) error {
@@ -191,6 +199,37 @@ func TestCreateDefaultsAndNodeFailure(t *testing.T) {
 	all, _ := st.AllSandboxes(ctx)
 	if len(all) != 1 {
 		t.Fatalf("failed create persisted something: %d records", len(all))
+	}
+}
+
+// TestCreateRecordsTheNodesToken: the token a node chose (a pre-started
+// slot's) is the one recorded and returned; a node that chose none (an
+// older cubelet, or a create that needed envd's /init) runs with the
+// server's.
+func TestCreateRecordsTheNodesToken(t *testing.T) {
+	node := newFakeNode()
+	m, st := newTestMaster(t, node)
+	ctx := context.Background()
+	own, err := m.Create(ctx, CreateParams{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(own.EnvdAccessToken) != 64 {
+		t.Fatalf("server token %q", own.EnvdAccessToken)
+	}
+	node.mu.Lock()
+	node.nodeToken = strings.Repeat("ab", 32)
+	node.mu.Unlock()
+	sb, err := m.Create(ctx, CreateParams{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := st.GetSandbox(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.EnvdAccessToken != node.nodeToken || stored.EnvdAccessToken != node.nodeToken {
+		t.Fatalf("returned %q, stored %q, want the node's %q", sb.EnvdAccessToken, stored.EnvdAccessToken, node.nodeToken)
 	}
 }
 

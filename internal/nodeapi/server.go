@@ -70,6 +70,7 @@ func (s *cubeletServer) CreateSandbox(ctx context.Context, req *connect.Request[
 	sb, err := s.c.CreateSandbox(ctx, cubelet.CreateRequest{
 		SandboxID: m.SandboxId, Template: m.Template, CPUCount: int(m.CpuCount), MemoryMB: int(m.MemoryMb),
 		EnvVars: m.EnvVars, EnvdAccessToken: m.EnvdAccessToken, AllowInternet: m.AllowInternet,
+		NodeMayChooseToken: m.NodeMayChooseToken,
 	})
 	if err != nil {
 		return nil, ToConnect(err)
@@ -148,7 +149,7 @@ func sandboxToProto(sb cubelet.Sandbox) *nodev1.Sandbox {
 	return &nodev1.Sandbox{
 		SandboxId: sb.ID, Template: sb.Template, Ip: sb.IP.String(), EnvdVersion: sb.EnvdVersion,
 		CpuCount: int32(sb.CPUCount), MemoryMb: int32(sb.MemoryMB), DiskSizeMb: int32(sb.DiskSizeMB),
-		StartedAtUnixMs: sb.StartedAt.UnixMilli(),
+		StartedAtUnixMs: sb.StartedAt.UnixMilli(), EnvdAccessToken: sb.EnvdAccessToken,
 	}
 }
 
@@ -156,7 +157,7 @@ func sandboxFromProto(p *nodev1.Sandbox) cubelet.Sandbox {
 	sb := cubelet.Sandbox{
 		ID: p.GetSandboxId(), Template: p.GetTemplate(), EnvdVersion: p.GetEnvdVersion(),
 		CPUCount: int(p.GetCpuCount()), MemoryMB: int(p.GetMemoryMb()), DiskSizeMB: int(p.GetDiskSizeMb()),
-		StartedAt: time.UnixMilli(p.GetStartedAtUnixMs()).UTC(),
+		StartedAt: time.UnixMilli(p.GetStartedAtUnixMs()).UTC(), EnvdAccessToken: p.GetEnvdAccessToken(),
 	}
 	sb.IP, _ = parseAddr(p.GetIp())
 	return sb

@@ -3,6 +3,7 @@ package nodestore
 import (
 	"encoding/json"
 	"maps"
+	"net/netip"
 	"slices"
 	"sort"
 	"sync"
@@ -82,6 +83,18 @@ func (c *recordCache) list() (good []Sandbox, bad []string) {
 	sort.Slice(good, func(i, j int) bool { return good[i].ID < good[j].ID })
 	sort.Strings(bad)
 	return good, bad
+}
+
+// addresses adds every record's IP and host ports to ips and ports.
+func (c *recordCache) addresses(ips map[netip.Addr]bool, ports map[uint16]bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, sb := range c.good {
+		ips[sb.IP] = true
+		for _, hp := range sb.Ports {
+			ports[hp] = true
+		}
+	}
 }
 
 // clone copies sb's maps and slices, so a caller changing a record it

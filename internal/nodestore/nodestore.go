@@ -203,6 +203,13 @@ func (s *Store) Delete(id string) error {
 	}, func() { s.cache.remove(id) })
 }
 
+// AddAddresses adds the IP and the host ports of every record to ips and
+// ports: what an allocator must not hand out, read without copying the
+// records (a create does it under the cubelet's allocation lock).
+func (s *Store) AddAddresses(ips map[netip.Addr]bool, ports map[uint16]bool) {
+	s.cache.addresses(ips, ports)
+}
+
 // List returns every record, ordered by id. Records that cannot be decoded
 // are returned in bad (by key) instead of failing the whole listing, so one
 // corrupt record never blocks a node's restart. It reads the decoded copy

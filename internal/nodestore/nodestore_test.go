@@ -261,3 +261,29 @@ func TestRecordCacheFollowsCommits(t *testing.T) {
 		t.Fatalf("cache and file differ:\ncache %v\nfile  %v", cached, fromFile)
 	}
 }
+
+func TestAddAddressesFollowsRecords(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "node.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a := Sandbox{ID: "a", IP: netip.MustParseAddr("172.16.0.2"), Ports: map[uint16]uint16{49983: 30001}}
+	b := Sandbox{ID: "b", IP: netip.MustParseAddr("172.16.0.3"), Ports: map[uint16]uint16{49983: 30002, 8080: 30003}}
+	for _, r := range []Sandbox{a, b} {
+		if err := s.Put(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	ips := map[netip.Addr]bool{netip.MustParseAddr("172.16.0.9"): true} // the caller's own entries stay
+	ports := map[uint16]bool{}
+	s.AddAddresses(ips, ports)
+	wantIPs := map[netip.Addr]bool{netip.MustParseAddr("172.16.0.9"): true, b.IP: true}
+	wantPorts := map[uint16]bool{30002: true, 30003: true}
+	if fmt.Sprint(ips) != fmt.Sprint(wantIPs) || fmt.Sprint(ports) != fmt.Sprint(wantPorts) {
+		t.Fatalf("AddAddresses = %v %v, want %v %v", ips, ports, wantIPs, wantPorts)
+	}
+}

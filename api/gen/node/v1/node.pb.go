@@ -714,6 +714,9 @@ type Sandbox struct {
 	MemoryMb        int32                  `protobuf:"varint,6,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	DiskSizeMb      int32                  `protobuf:"varint,7,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
 	StartedAtUnixMs int64                  `protobuf:"varint,8,opt,name=started_at_unix_ms,json=startedAtUnixMs,proto3" json:"started_at_unix_ms,omitempty"`
+	// The token envd accepts (X-Access-Token), when the node chose it (see
+	// CreateSandboxRequest.node_may_choose_token); empty: the request's.
+	EnvdAccessToken string `protobuf:"bytes,9,opt,name=envd_access_token,json=envdAccessToken,proto3" json:"envd_access_token,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -804,6 +807,13 @@ func (x *Sandbox) GetStartedAtUnixMs() int64 {
 	return 0
 }
 
+func (x *Sandbox) GetEnvdAccessToken() string {
+	if x != nil {
+		return x.EnvdAccessToken
+	}
+	return ""
+}
+
 type CreateSandboxRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId       string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -813,8 +823,13 @@ type CreateSandboxRequest struct {
 	EnvVars         map[string]string      `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	EnvdAccessToken string                 `protobuf:"bytes,6,opt,name=envd_access_token,json=envdAccessToken,proto3" json:"envd_access_token,omitempty"`
 	AllowInternet   bool                   `protobuf:"varint,7,opt,name=allow_internet,json=allowInternet,proto3" json:"allow_internet,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node may give the sandbox an envd access token of its own instead
+	// of envd_access_token (a pre-started slot's, which saves a round trip
+	// to envd) and returns it in Sandbox.envd_access_token. Nodes that do
+	// not know this field use envd_access_token, which stays required.
+	NodeMayChooseToken bool `protobuf:"varint,8,opt,name=node_may_choose_token,json=nodeMayChooseToken,proto3" json:"node_may_choose_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateSandboxRequest) Reset() {
@@ -892,6 +907,13 @@ func (x *CreateSandboxRequest) GetEnvdAccessToken() string {
 func (x *CreateSandboxRequest) GetAllowInternet() bool {
 	if x != nil {
 		return x.AllowInternet
+	}
+	return false
+}
+
+func (x *CreateSandboxRequest) GetNodeMayChooseToken() bool {
+	if x != nil {
+		return x.NodeMayChooseToken
 	}
 	return false
 }
@@ -1389,7 +1411,7 @@ const file_v1_node_proto_rawDesc = "" +
 	"\x10kill_sandbox_ids\x18\x01 \x03(\tR\x0ekillSandboxIds\x12\x1e\n" +
 	"\n" +
 	"reregister\x18\x02 \x01(\bR\n" +
-	"reregister\"\x80\x02\n" +
+	"reregister\"\xac\x02\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -1400,7 +1422,8 @@ const file_v1_node_proto_rawDesc = "" +
 	"\tmemory_mb\x18\x06 \x01(\x05R\bmemoryMb\x12 \n" +
 	"\fdisk_size_mb\x18\a \x01(\x05R\n" +
 	"diskSizeMb\x12+\n" +
-	"\x12started_at_unix_ms\x18\b \x01(\x03R\x0fstartedAtUnixMs\"\xe6\x02\n" +
+	"\x12started_at_unix_ms\x18\b \x01(\x03R\x0fstartedAtUnixMs\x12*\n" +
+	"\x11envd_access_token\x18\t \x01(\tR\x0fenvdAccessToken\"\x99\x03\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1a\n" +
@@ -1409,7 +1432,8 @@ const file_v1_node_proto_rawDesc = "" +
 	"\tmemory_mb\x18\x04 \x01(\x05R\bmemoryMb\x12J\n" +
 	"\benv_vars\x18\x05 \x03(\v2/.cube.node.v1.CreateSandboxRequest.EnvVarsEntryR\aenvVars\x12*\n" +
 	"\x11envd_access_token\x18\x06 \x01(\tR\x0fenvdAccessToken\x12%\n" +
-	"\x0eallow_internet\x18\a \x01(\bR\rallowInternet\x1a:\n" +
+	"\x0eallow_internet\x18\a \x01(\bR\rallowInternet\x121\n" +
+	"\x15node_may_choose_token\x18\b \x01(\bR\x12nodeMayChooseToken\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
