@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -331,5 +332,27 @@ func TestSupervisorEnv(t *testing.T) {
 	got := supervisorEnv([]string{"A=1", "GOMAXPROCS=8", "B=2"})
 	if !slices.Equal(got, []string{"A=1", "B=2", "GOMAXPROCS=1"}) {
 		t.Fatalf("supervisorEnv = %q", got)
+	}
+}
+
+// TestReadReportsPrefersTheShimsError: a shim that fails its start reports
+// and exits at once, so it may be gone when its hello is handled; the error
+// it reported wins over "vanished" (TestSpawnLaunchFailure failed about one
+// run in 300 before).
+func TestReadReportsPrefersTheShimsError(t *testing.T) {
+	gone := func(int) error { return errdefs.ErrNotFound }
+	failed := `{"stage":"hello","pid":7}` + "\n" + `{"stage":"done","error":"launch refused","code":400}` + "\n"
+	_, err := readReports(json.NewDecoder(strings.NewReader(failed)), gone)
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "launch refused") {
+		t.Fatalf("failed start, shim gone: %v, want the shim's error", err)
+	}
+	ok := `{"stage":"hello","pid":7}` + "\n" + `{"stage":"done","pid":7,"initPid":8}` + "\n"
+	for name, in := range map[string]string{"reported success": ok, "no done report": `{"stage":"hello","pid":7}` + "\n"} {
+		if _, err := readReports(json.NewDecoder(strings.NewReader(in)), gone); err == nil || !strings.Contains(err.Error(), "vanished") {
+			t.Errorf("%s, shim gone: %v, want vanished", name, err)
+		}
+	}
+	if res, err := readReports(json.NewDecoder(strings.NewReader(ok)), func(int) error { return nil }); err != nil || res.InitPID != 8 {
+		t.Errorf("started: %+v, %v", res, err)
 	}
 }

@@ -51,6 +51,15 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start shim: %w", err)
 	}
+	// A pidfd for the child, opened before anything can reap it: a shim
+	// that fails its start reports and exits at once, and by the time its
+	// hello is read it may be gone (its report still in the pipe).
+	child, _ := openPidFD(cmd.Process.Pid)
+	defer func() {
+		if child != nil {
+			child.close()
+		}
+	}()
 	// The shim is our child until we exit; reap it whenever it ends (the
 	// sandbox's end, a failed start). After an agent restart it belongs to
 	// the host's init or the nearest subreaper instead.
@@ -64,6 +73,10 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 	dec := json.NewDecoder(pr)
 	var shim *pidFD
 	res, err := readReports(dec, func(pid int) error {
+		if child != nil && pid == cmd.Process.Pid {
+			shim, child = child, nil
+			return nil
+		}
 		var oerr error
 		shim, oerr = openPidFD(pid)
 		return oerr
@@ -106,26 +119,34 @@ func reap(cmd *exec.Cmd) {
 	_ = cmd.Wait()
 }
 
-// readReports reads the hello and done lines of the status pipe.
+// readReports reads the hello and done lines of the status pipe. A shim
+// that reported a failed start is not "vanished" because it has exited
+// since its hello: its own error wins.
 func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) {
 	var r report
 	if err := dec.Decode(&r); err != nil {
 		return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
 	}
+	var vanished error
 	if r.Stage == "hello" {
 		if err := hello(r.PID); err != nil {
-			return spawned{}, fmt.Errorf("shim %d vanished: %w", r.PID, err)
+			vanished = fmt.Errorf("shim %d vanished: %w", r.PID, err)
 		}
 		r = report{}
 		if err := dec.Decode(&r); err != nil {
+			if vanished != nil {
+				return spawned{}, vanished
+			}
 			return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
 		}
 	}
-	if r.Stage != "done" {
+	switch {
+	case r.Stage != "done":
 		return spawned{}, fmt.Errorf("shim reported stage %q, want done: %w", r.Stage, errdefs.ErrUnavailable)
-	}
-	if r.Error != "" {
+	case r.Error != "":
 		return spawned{}, fmt.Errorf("%s: %w", r.Error, kindOf(r.Code))
+	case vanished != nil:
+		return spawned{}, vanished
 	}
 	return spawned{PID: r.PID, InitPID: r.InitPID}, nil
 }
