@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -59,8 +60,14 @@ func DetectLayout() (Layout, error) {
 func ParseMountinfo(r io.Reader) (Layout, error) {
 	l := Layout{V1: map[string]string{}}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	// Small to start: the shim of every sandbox parses mountinfo, which
+	// grows with the node's mounts; lines are short, and only cgroup lines
+	// become strings.
+	sc.Buffer(make([]byte, 0, 4096), 1024*1024)
 	for sc.Scan() {
+		if !isCgroupLine(sc.Bytes()) {
+			continue
+		}
 		mountPoint, fsType, superOpts, ok := splitMountinfoLine(sc.Text())
 		if !ok {
 			continue
@@ -99,6 +106,17 @@ func ParseMountinfo(r io.Reader) (Layout, error) {
 		return Layout{}, fmt.Errorf("no cgroup hierarchy with resource controllers is mounted: %w", errdefs.ErrUnavailable)
 	}
 	return l, nil
+}
+
+// isCgroupLine reports whether a mountinfo line's filesystem type (the
+// first field after " - ") is cgroup or cgroup2, without allocating.
+func isCgroupLine(line []byte) bool {
+	_, post, found := bytes.Cut(line, []byte(" - "))
+	if !found {
+		return false
+	}
+	fsType, _, _ := bytes.Cut(post, []byte(" "))
+	return string(fsType) == "cgroup" || string(fsType) == "cgroup2"
 }
 
 // splitMountinfoLine returns the mount point, filesystem type and super

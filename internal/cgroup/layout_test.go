@@ -235,3 +235,30 @@ func TestParseHelpers(t *testing.T) {
 		t.Errorf("parseKeyValues = %v", kv)
 	}
 }
+
+// TestParseMountinfoCostDoesNotGrowWithMounts: every sandbox's shim parses
+// mountinfo, which holds the node's sandbox mounts; lines that are not
+// cgroup mounts must cost no allocation (the parser kept a 64 KiB buffer
+// and a string per line, ~130 KiB of a shim's start-up garbage).
+func TestParseMountinfoCostDoesNotGrowWithMounts(t *testing.T) {
+	withMounts := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			b.WriteString("900 31 0:99 / /var/lib/cube/node/sandboxes/sbx")
+			b.WriteString(strings.Repeat("x", i%7))
+			b.WriteString("/rootfs rw,relatime - overlay overlay rw,lowerdir=/a,upperdir=/b,workdir=/c\n")
+		}
+		return hybridMountinfo + b.String()
+	}
+	allocs := func(in string) float64 {
+		return testing.AllocsPerRun(20, func() {
+			if _, err := ParseMountinfo(strings.NewReader(in)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	few, many := allocs(withMounts(1)), allocs(withMounts(5000))
+	if many > few+2 {
+		t.Fatalf("allocations: %.0f with 1 sandbox mount, %.0f with 5000", few, many)
+	}
+}

@@ -187,13 +187,17 @@ func TestBinary(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("health %d", resp.StatusCode)
 	}
-	if rss, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)); err == nil {
-		for _, l := range strings.Split(string(rss), "\n") {
-			if strings.HasPrefix(l, "VmRSS") || strings.HasPrefix(l, "RssAnon") {
-				t.Log(l)
-			}
+	// Once serving, envd unmaps the start-up pages of its binary: its file
+	// RSS falls, and everything below runs on pages faulted back in.
+	started := rssFileKiB(t, cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for rssFileKiB(t, cmd.Process.Pid) > started/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("envd's file RSS stayed at %d KiB (started at %d)", rssFileKiB(t, cmd.Process.Pid), started)
 		}
+		time.Sleep(100 * time.Millisecond)
 	}
+	t.Logf("envd RssFile %d -> %d KiB", started, rssFileKiB(t, cmd.Process.Pid))
 	ctx := testCtx(t, 20*time.Second)
 	pc := processconnect.NewProcessClient(http.DefaultClient, url, connect.WithProtoJSON(), connect.WithInterceptors(tokenInterceptor("bin-token")))
 	s, err := pc.Start(ctx, connect.NewRequest(startCmd(`echo "$X"; exit 4`)))
@@ -294,4 +298,21 @@ func statusField(pid int, key string) string {
 		}
 	}
 	return ""
+}
+
+// rssFileKiB is the RssFile line of /proc/<pid>/status.
+func rssFileKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	t.Fatalf("no RssFile in /proc/%d/status", pid)
+	return 0
 }

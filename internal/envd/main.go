@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/envd/reaper"
+	"github.com/cube-dev/cube/internal/residency"
 )
 
 // shutdownTimeout bounds a graceful stop.
@@ -103,6 +104,15 @@ func run(ctx context.Context, logger *slog.Logger, opts options) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	// Start-up code stays mapped otherwise (most of the binary, see
+	// residency); by now a warm-pool slot's readiness probe or a cold
+	// create's /init has been served.
+	dropStartup := time.AfterFunc(startupPagesDelay, func() {
+		if _, err := residency.DropExecutablePages(); err != nil {
+			logger.Debug("drop start-up pages", "err", err)
+		}
+	})
+	defer dropStartup.Stop()
 	select {
 	case err := <-errc:
 		_ = srv.Close(context.Background())
@@ -121,6 +131,10 @@ func run(ctx context.Context, logger *slog.Logger, opts options) error {
 	}
 	return errors.Join(cerr, serr)
 }
+
+// startupPagesDelay is how long after it starts serving envd unmaps the
+// pages of its binary it has touched so far.
+const startupPagesDelay = 2 * time.Second
 
 // signalReady writes one byte to fd and closes it.
 func signalReady(fd int) error {
