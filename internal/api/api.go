@@ -63,7 +63,7 @@ func New(m *master.Master, keys KeyVerifier, logger *slog.Logger, opts ...Option
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &server{m: m, keys: keys, log: logger.With("component", "cube-api")}
+	s := &server{m: m, keys: newCachedKeys(keys), log: logger.With("component", "cube-api")}
 	WithRateLimits(DefaultRateLimits)(s)
 	for _, o := range opts {
 		o(s)
