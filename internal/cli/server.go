@@ -16,6 +16,7 @@ import (
 )
 
 func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	tuneServerGC()
 	fs := newFlagSet("server", stderr)
 	cfg := app.ServerConfig{Out: stdout}
 	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_LISTEN", "127.0.0.1:3000"), "address for the API, node registry and sandbox traffic (env CUBE_LISTEN)")
@@ -50,6 +51,7 @@ func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
+	tuneServerGC()
 	fs := newFlagSet("cubelet", stderr)
 	host, _ := os.Hostname()
 	cfg := app.CubeletConfig{Network: cubevs.DefaultConfig(), Capacity: &nodev1.Capacity{}}

@@ -20,6 +20,7 @@ import (
 )
 
 func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	tuneServerGC()
 	fs := newFlagSet("up", stderr)
 	cfg := app.AllInOneConfig{Out: stdout, Network: cubevs.DefaultConfig()}
 	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_LISTEN", "127.0.0.1:3000"), "address for the API and sandbox traffic (env CUBE_LISTEN)")
