@@ -71,25 +71,26 @@ func readOnlyMappings(maps []byte, dev, ino uint64) []mapping {
 		if n, err := strconv.ParseUint(string(f[4]), 10, 64); err != nil || n != ino {
 			continue
 		}
-		major, minor, ok := bytes.Cut(f[3], []byte(":"))
-		if !ok {
+		ma, mi, ok := hexPair(f[3], ":")
+		if !ok || ma > 0xffffffff || mi > 0xffffffff || unix.Mkdev(uint32(ma), uint32(mi)) != dev {
 			continue
 		}
-		ma, err1 := strconv.ParseUint(string(major), 16, 32)
-		mi, err2 := strconv.ParseUint(string(minor), 16, 32)
-		if err1 != nil || err2 != nil || unix.Mkdev(uint32(ma), uint32(mi)) != dev {
-			continue
-		}
-		start, end, ok := bytes.Cut(f[0], []byte("-"))
-		if !ok {
-			continue
-		}
-		s, err1 := strconv.ParseUint(string(start), 16, 64)
-		e, err2 := strconv.ParseUint(string(end), 16, 64)
-		if err1 != nil || err2 != nil || e <= s {
+		s, e, ok := hexPair(f[0], "-")
+		if !ok || e <= s {
 			continue
 		}
 		out = append(out, mapping{uintptr(s), uintptr(e)})
 	}
 	return out
+}
+
+// hexPair parses "a<sep>b" of two hexadecimal numbers.
+func hexPair(field []byte, sep string) (a, b uint64, ok bool) {
+	x, y, found := bytes.Cut(field, []byte(sep))
+	if !found {
+		return 0, 0, false
+	}
+	a, err1 := strconv.ParseUint(string(x), 16, 64)
+	b, err2 := strconv.ParseUint(string(y), 16, 64)
+	return a, b, err1 == nil && err2 == nil
 }
