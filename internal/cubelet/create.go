@@ -100,19 +100,17 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 		return Sandbox{}, fmt.Errorf("write owner record: %w", err)
 	}
 	defer func() {
-		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if terr := c.teardown(cctx, rec); terr != nil {
-				c.log.Error("clean up failed create", "sandbox", rec.ID, "err", terr)
-			}
+		if err == nil {
+			return
+		}
+		c.cleanUpFailedCreate(ctx, rec, func(cctx context.Context) {
 			if fromPool {
 				// The slot's endpoint may still carry the slot's name.
 				c.dp.Detach(cctx, slot.ID)
 				os.Remove(c.slotDisk(slot.ID))
 				os.Remove(c.slotFilePath(slot.ID))
 			}
-		}
+		})
 	}()
 	if err := failpoint.Hit("create/after-record"); err != nil {
 		return Sandbox{}, err
@@ -370,4 +368,18 @@ func validID(id string) bool {
 		}
 	}
 	return id[0] != '-'
+}
+
+// cleanUpFailedCreate tears down what a failed create made of rec (its
+// record names every kernel object), then runs more, if any, with the same
+// bounded context: the caller may have gone, the cleanup may not.
+func (c *Cubelet) cleanUpFailedCreate(ctx context.Context, rec nodestore.Sandbox, more func(context.Context)) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := c.teardown(cctx, rec); err != nil {
+		c.log.Error("clean up failed create", "sandbox", rec.ID, "runtime", rec.Runtime(), "err", err)
+	}
+	if more != nil {
+		more(cctx)
+	}
 }

@@ -47,6 +47,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 		return err
 	}
 	var errs []error
+	st := newStepTimer()
 	dir := c.sandboxDir(rt)
 	if sb, err := nsrt.Attach(ctx, dir); err == nil {
 		if err := sb.Kill(ctx); err != nil {
@@ -58,6 +59,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	if err := failpoint.Hit("destroy/after-kill"); err != nil {
 		return err
 	}
+	st.mark("kill")
 	for _, hp := range rec.Ports {
 		if err := c.dp.RemoveMapping(ctx, hp); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("remove mapping %d: %w", hp, err))
@@ -66,6 +68,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	if err := failpoint.Hit("destroy/after-unmap"); err != nil {
 		return err
 	}
+	st.mark("unmap")
 	if err := c.dp.Detach(ctx, rec.ID); err != nil {
 		errs = append(errs, fmt.Errorf("detach network: %w", err))
 	}
@@ -77,6 +80,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	if err := failpoint.Hit("destroy/after-detach"); err != nil {
 		return err
 	}
+	st.mark("detach")
 	if err := nsrt.Cleanup(ctx, dir, c.cfg.CgroupParent, rt); err != nil {
 		errs = append(errs, fmt.Errorf("clean up runtime state: %w", err))
 	}
@@ -84,13 +88,16 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 		os.Remove(c.slotDisk(rt))
 		os.Remove(c.slotFilePath(rt))
 	}
+	st.mark("cleanup")
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	if err := c.store.Delete(rec.ID); err != nil {
 		return fmt.Errorf("delete owner record: %w", err)
 	}
+	st.mark("record")
 	c.log.Info("sandbox removed", "sandbox", rec.ID)
+	c.log.Debug("sandbox teardown steps", append([]any{"sandbox", rec.ID}, st.attrs()...)...)
 	return nil
 }
 

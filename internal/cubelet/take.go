@@ -41,11 +41,7 @@ func (c *Cubelet) createFromSlot(ctx context.Context, req CreateRequest, rec nod
 	}
 	defer func() {
 		if err != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			if terr := c.teardown(cctx, rec); terr != nil {
-				c.log.Error("clean up failed create", "sandbox", rec.ID, "slot", slot.ID, "err", terr)
-			}
+			c.cleanUpFailedCreate(ctx, rec, nil)
 		}
 	}()
 	if err := failpoint.Hit("create/after-record"); err != nil {
