@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cubevs"
@@ -106,6 +107,9 @@ type Cubelet struct {
 	strayPorts map[uint16]bool
 	reconciled bool
 
+	// watches and probes: see shimLiveness.
+	watches shimWatches
+	probes  atomic.Int64
 	// turns admits creates, CreateParallelism at a time (nil: no limit).
 	turns     *semaphore.Weighted
 	pool      pool
@@ -185,6 +189,7 @@ func (c *Cubelet) Close() error {
 			c.stopPool()
 		}
 		c.closeErr = errors.Join(c.dp.Close(), c.store.Close())
+		c.watches.closeAll()
 	})
 	return c.closeErr
 }

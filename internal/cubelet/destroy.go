@@ -59,6 +59,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 	if err := failpoint.Hit("destroy/after-kill"); err != nil {
 		return err
 	}
+	c.watches.forget(rt)
 	st.mark("kill")
 	for _, hp := range rec.Ports {
 		if err := c.dp.RemoveMapping(ctx, hp); err != nil && !errors.Is(err, errdefs.ErrNotFound) {

@@ -21,6 +21,7 @@ import (
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/shim"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -387,21 +388,32 @@ const (
 
 // probeLiveness asks the shim of the state dir for its sandbox's state.
 func probeLiveness(ctx context.Context, stateDir string) liveness {
+	l, watch := probeLivenessWatch(ctx, stateDir)
+	if watch != nil {
+		watch.Close()
+	}
+	return l
+}
+
+// probeLivenessWatch is probeLiveness that also returns, for a shim found
+// alive, a watch on its process (nil if it could not be made).
+func probeLivenessWatch(ctx context.Context, stateDir string) (liveness, *shim.ExitWatch) {
 	ctx, cancel := context.WithTimeout(ctx, shimTimeout)
 	defer cancel()
 	gone := func(err error) bool { return errors.Is(err, errdefs.ErrNotFound) && ctx.Err() == nil }
 	sb, err := nsrt.Attach(ctx, stateDir)
 	if err != nil {
 		if gone(err) {
-			return livenessDead
+			return livenessDead, nil
 		}
-		return livenessUnknown
+		return livenessUnknown, nil
 	}
 	defer sb.Close()
-	if sb.AttachState().Running { // Attach asked the shim already
-		return livenessAlive
+	if !sb.AttachState().Running { // Attach asked the shim already
+		return livenessDead, nil
 	}
-	return livenessDead
+	watch, _ := sb.ExitWatch()
+	return livenessAlive, watch
 }
 
 // shimAliveIn reports whether the shim of the state dir answers and its

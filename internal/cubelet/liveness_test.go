@@ -122,3 +122,66 @@ func procState(pid int) (byte, error) {
 	}
 	return b[i+2], nil
 }
+
+// TestLivenessRoundsPollWatchedShims: a liveness round calls a shim only
+// until it has a watch on its process; later rounds ask the kernel. A
+// watched shim that dies is still found (by the full probe its exit
+// triggers) and its sandbox reaped, and a torn-down sandbox's watch goes.
+func TestLivenessRoundsPollWatchedShims(t *testing.T) {
+	n := newTestNode(t)
+	c := n.start(t)
+	defer c.Close()
+	ctx := context.Background()
+	for _, id := range []string{"watch-a", "watch-b"} {
+		if _, err := c.CreateSandbox(ctx, createReq(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := c.probes.Load()
+	if reaped := c.reapDead(ctx); len(reaped) != 0 {
+		t.Fatalf("reaped %v", reaped)
+	}
+	if n := c.probes.Load() - before; n != 2 {
+		t.Fatalf("first round probed %d shims, want 2", n)
+	}
+	before = c.probes.Load()
+	for range 3 {
+		if reaped := c.reapDead(ctx); len(reaped) != 0 {
+			t.Fatalf("reaped %v", reaped)
+		}
+	}
+	if n := c.probes.Load() - before; n != 0 {
+		t.Fatalf("rounds over watched shims made %d calls, want 0", n)
+	}
+
+	rec, _ := c.store.Get("watch-b")
+	sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shimPID := sb.ShimPID()
+	sb.Close()
+	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Its pidfd turns readable once the last of its threads is gone, a
+	// moment after the process shows as a zombie: the next rounds find it.
+	var reaped []string
+	for deadline := time.Now().Add(5 * time.Second); len(reaped) == 0 && time.Now().Before(deadline); {
+		reaped = c.reapDead(ctx)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(reaped) != 1 || reaped[0] != "watch-b" {
+		t.Fatalf("reaped %v, want [watch-b]", reaped)
+	}
+	if err := c.KillSandbox(ctx, "watch-a"); err != nil {
+		t.Fatal(err)
+	}
+	c.watches.mu.Lock()
+	left := len(c.watches.m)
+	c.watches.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d watches left after every sandbox went", left)
+	}
+	assertClean(t, c)
+}

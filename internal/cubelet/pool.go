@@ -366,6 +366,7 @@ func (c *Cubelet) poolTemplate() string {
 // dropSlot removes a slot's sandbox (if pre-started), kernel objects,
 // files and record.
 func (c *Cubelet) dropSlot(ctx context.Context, rec nodestore.Sandbox) error {
+	c.watches.forget(rec.ID)
 	err := errors.Join(
 		nsrt.Cleanup(ctx, c.sandboxDir(rec.ID), c.cfg.CgroupParent, rec.ID),
 		c.dp.Detach(ctx, rec.ID))

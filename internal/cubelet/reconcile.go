@@ -172,9 +172,19 @@ func (c *Cubelet) shimAlive(ctx context.Context, name string) bool {
 	return shimAliveIn(ctx, c.sandboxDir(name))
 }
 
-// shimLiveness probes the shim of the runtime called name.
+// shimLiveness probes the shim of the runtime called name: a watched shim
+// that has not exited is alive without a call (see shimWatches); otherwise
+// the shim is asked, and watched from then on when it answers.
 func (c *Cubelet) shimLiveness(ctx context.Context, name string) liveness {
-	return probeLiveness(ctx, c.sandboxDir(name))
+	if c.watches.alive(name) {
+		return livenessAlive
+	}
+	c.probes.Add(1)
+	l, watch := probeLivenessWatch(ctx, c.sandboxDir(name))
+	if watch != nil {
+		c.watches.put(name, watch)
+	}
+	return l
 }
 
 // runtimeNames is the set of runtime names (state dirs, cgroups) owned by

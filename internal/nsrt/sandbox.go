@@ -110,6 +110,9 @@ func (s *Sandbox) Freeze(ctx context.Context) error { return s.client.Freeze(ctx
 // Thaw resumes a frozen sandbox.
 func (s *Sandbox) Thaw(ctx context.Context) error { return s.client.Thaw(ctx) }
 
+// ExitWatch returns a watch on the shim process (see shim.Client.ExitWatch).
+func (s *Sandbox) ExitWatch() (*shim.ExitWatch, error) { return s.client.ExitWatch() }
+
 // Close releases the handle; the sandbox keeps running.
 func (s *Sandbox) Close() error { return s.client.Close() }
 

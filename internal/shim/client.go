@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -161,3 +163,24 @@ func (c *Client) call(ctx context.Context, method, path string, out any) error {
 	}
 	return nil
 }
+
+// ExitWatch reports whether one shim process has exited, by its pidfd: a
+// poll, with no call to the shim. Close it when done.
+type ExitWatch struct{ p *pidFD }
+
+// ExitWatch returns a watch on the shim this client reached. The pidfd
+// was opened before Dial asked the shim who it is, so it names that very
+// process, whatever pid reuse happens later.
+func (c *Client) ExitWatch() (*ExitWatch, error) {
+	fd, err := unix.FcntlInt(c.proc.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicate pidfd of shim %d: %w", c.info.PID, err)
+	}
+	return &ExitWatch{p: &pidFD{pid: c.info.PID, f: os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", c.info.PID))}}, nil
+}
+
+// Exited reports whether the shim process has terminated.
+func (w *ExitWatch) Exited() bool { return w.p.exited() }
+
+// Close releases the pidfd.
+func (w *ExitWatch) Close() error { return w.p.close() }

@@ -131,8 +131,21 @@ func TestSpawnKill(t *testing.T) {
 	if err := c2.Thaw(ctx); err != nil {
 		t.Fatal(err)
 	}
+	watch, err := c2.ExitWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	if watch.Exited() {
+		t.Fatal("ExitWatch: a running shim has exited")
+	}
 	if err := c2.Kill(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// Kill returns once the shim process is gone; the watch outlives c2.
+	c2.Close()
+	if !watch.Exited() {
+		t.Error("ExitWatch: the killed shim has not exited")
 	}
 	if err := c.Kill(ctx); err != nil {
 		t.Fatalf("second Kill: %v", err)
