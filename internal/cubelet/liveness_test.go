@@ -41,17 +41,7 @@ func TestReapDeadKeepsSandboxesWhenCancelled(t *testing.T) {
 		}
 	}
 	// A shim that really is gone is still reaped.
-	rec, _ := c.store.Get("live-b")
-	sb, err := nsrt.Attach(context.Background(), c.sandboxDir(rec.Runtime()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shimPID := sb.ShimPID()
-	sb.Close()
-	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitGone(t, shimPID)
+	waitGone(t, killShim(t, c, "live-b"))
 	if reaped := c.reapDead(context.Background()); len(reaped) != 1 || reaped[0] != "live-b" {
 		t.Fatalf("reaped %v, want [live-b]", reaped)
 	}
@@ -154,16 +144,7 @@ func TestLivenessRoundsPollWatchedShims(t *testing.T) {
 		t.Fatalf("rounds over watched shims made %d calls, want 0", n)
 	}
 
-	rec, _ := c.store.Get("watch-b")
-	sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shimPID := sb.ShimPID()
-	sb.Close()
-	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	killShim(t, c, "watch-b")
 	// Its pidfd turns readable once the last of its threads is gone, a
 	// moment after the process shows as a zombie: the next rounds find it.
 	var reaped []string
@@ -184,4 +165,23 @@ func TestLivenessRoundsPollWatchedShims(t *testing.T) {
 		t.Fatalf("%d watches left after every sandbox went", left)
 	}
 	assertClean(t, c)
+}
+
+// killShim SIGKILLs the shim of sandbox id and returns its pid.
+func killShim(t *testing.T, c *Cubelet, id string) int {
+	t.Helper()
+	rec, err := c.store.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := nsrt.Attach(context.Background(), c.sandboxDir(rec.Runtime()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := sb.ShimPID()
+	sb.Close()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
