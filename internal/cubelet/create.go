@@ -39,8 +39,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 	if !validID(req.SandboxID) {
 		return Sandbox{}, fmt.Errorf("sandbox id %q: %w", req.SandboxID, errdefs.ErrInvalidArgument)
 	}
-	c.pool.creating.Add(1)
-	defer c.pool.creating.Add(-1)
+	defer c.pool.creating.start()()
 	endTurn, err := c.takeTurn(ctx)
 	if err != nil {
 		return Sandbox{}, err

@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cubevs"
@@ -98,7 +97,7 @@ type pool struct {
 	kick     chan struct{}
 	// creating counts creates in flight: a refill waits for a quiet
 	// moment (at most refillYield) so it does not take CPU from them.
-	creating atomic.Int32
+	creating inflight
 }
 
 // refillYield is the longest a refill waits for creates in flight to end
@@ -108,9 +107,12 @@ const refillYield = 250 * time.Millisecond
 
 // yieldToCreates waits until no create is in flight, at most refillYield.
 func (c *Cubelet) yieldToCreates(ctx context.Context) {
-	deadline := time.Now().Add(refillYield)
-	for c.pool.creating.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(2 * time.Millisecond)
+	t := time.NewTimer(refillYield)
+	defer t.Stop()
+	select {
+	case <-c.pool.creating.quiet():
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
