@@ -95,11 +95,11 @@ func TestParseRollup(t *testing.T) {
 }
 
 func TestParseMemInfo(t *testing.T) {
-	m, err := ParseMemInfo([]byte("MemTotal:       24000000 kB\nMemFree: 1 kB\nMemAvailable:   20000000 kB\nSlab: 300 kB\nKernelStack: 20 kB\nPageTables: 5 kB\nHugePages_Total: 0\n"))
+	m, err := ParseMemInfo([]byte("MemTotal:       24000000 kB\nMemFree: 1 kB\nMemAvailable:   20000000 kB\nSlab: 300 kB\nSReclaimable: 120 kB\nKernelStack: 20 kB\nPageTables: 5 kB\nHugePages_Total: 0\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Used() != 4000000 || m.Kernel() != 325 {
+	if m.Used() != 4000000 || m.Kernel() != 325 || m.SReclaimable != 120 {
 		t.Fatalf("%+v", m)
 	}
 	if _, err := ParseMemInfo(nil); err == nil {

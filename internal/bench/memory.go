@@ -29,6 +29,10 @@ type MemoryResult struct {
 	// existed, divided by Sandboxes (host-wide: noisy if other work runs).
 	HostUsedKiB   int64 `json:"hostUsedDeltaKiB"`
 	HostKernelKiB int64 `json:"hostKernelDeltaKiB"`
+	// HostKernelReclaimableKiB is the reclaimable slab (dentries, inodes)
+	// within HostKernelKiB: counted in the overhead, though the kernel
+	// frees it under memory pressure.
+	HostKernelReclaimableKiB int64 `json:"hostKernelReclaimableDeltaKiB"`
 	// OverheadKiB = Shim.PSS + HostKernelKiB: Cube's own cost per idle
 	// sandbox beyond envd (its supervisor plus the kernel objects: netns,
 	// veth, mounts, cgroups, task structs and page tables).
@@ -121,6 +125,7 @@ func (n Node) measureMemory(ids []string, before MemInfo) MemoryResult {
 	if err == nil {
 		r.HostUsedKiB = (after.Used() - before.Used()) / int64(len(ids))
 		r.HostKernelKiB = (after.Kernel() - before.Kernel()) / int64(len(ids))
+		r.HostKernelReclaimableKiB = (after.SReclaimable - before.SReclaimable) / int64(len(ids))
 	}
 	if n.DataDir == "" {
 		r.Error = "no --data-dir: per-process accounting skipped"

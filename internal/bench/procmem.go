@@ -47,11 +47,14 @@ func ReadRollup(pid int) (Rollup, error) {
 
 // MemInfo is the part of /proc/meminfo the bench uses, in KiB.
 type MemInfo struct {
-	Total       int64 `json:"totalKiB"`
-	Available   int64 `json:"availableKiB"`
-	Slab        int64 `json:"slabKiB"`
-	KernelStack int64 `json:"kernelStackKiB"`
-	PageTables  int64 `json:"pageTablesKiB"`
+	Total     int64 `json:"totalKiB"`
+	Available int64 `json:"availableKiB"`
+	Slab      int64 `json:"slabKiB"`
+	// SReclaimable is the part of Slab the kernel frees under memory
+	// pressure (dentry and inode caches).
+	SReclaimable int64 `json:"sReclaimableKiB"`
+	KernelStack  int64 `json:"kernelStackKiB"`
+	PageTables   int64 `json:"pageTablesKiB"`
 }
 
 // Used is MemTotal - MemAvailable.
@@ -64,7 +67,8 @@ func (m MemInfo) Kernel() int64 { return m.Slab + m.KernelStack + m.PageTables }
 // ParseMemInfo parses the text of /proc/meminfo.
 func ParseMemInfo(b []byte) (MemInfo, error) {
 	kv := parseKiBLines(b)
-	m := MemInfo{Total: kv["MemTotal"], Available: kv["MemAvailable"], Slab: kv["Slab"], KernelStack: kv["KernelStack"], PageTables: kv["PageTables"]}
+	m := MemInfo{Total: kv["MemTotal"], Available: kv["MemAvailable"], Slab: kv["Slab"], SReclaimable: kv["SReclaimable"],
+		KernelStack: kv["KernelStack"], PageTables: kv["PageTables"]}
 	if m.Total == 0 {
 		return MemInfo{}, fmt.Errorf("meminfo: no MemTotal line")
 	}

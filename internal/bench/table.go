@@ -78,7 +78,7 @@ func writeMemory(w io.Writer, m MemoryResult) {
 	fmt.Fprintf(w, "  shim          rss %6d  pss %6d  (anon pss %d)\n", m.Shim.RSS, m.Shim.PSS, m.Shim.PSSAnon)
 	fmt.Fprintf(w, "  envd (%.0f procs) rss %6d  pss %6d  (anon pss %d)\n", m.EnvdProcs, m.Envd.RSS, m.Envd.PSS, m.Envd.PSSAnon)
 	fmt.Fprintf(w, "  sandbox cgroup usage %d (page cache %d)\n", m.CgroupUsageKiB, m.CgroupCacheKiB)
-	fmt.Fprintf(w, "  kernel objects (slab+stacks+page tables delta) %d\n", m.HostKernelKiB)
+	fmt.Fprintf(w, "  kernel objects (slab+stacks+page tables delta) %d (of which reclaimable slab %d)\n", m.HostKernelKiB, m.HostKernelReclaimableKiB)
 	fmt.Fprintf(w, "  => Cube overhead beyond envd (shim pss + kernel) %d\n", m.OverheadKiB)
 	fmt.Fprintf(w, "  cross-check, host-wide (noisy): MemTotal-MemAvailable delta %d, minus envd pss %d\n", m.HostUsedKiB, m.HostUsedBeyondEnvdKiB)
 	if m.Error != "" {
