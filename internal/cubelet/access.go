@@ -70,10 +70,7 @@ func (c *Cubelet) HostPort(ctx context.Context, id string, port uint16) (uint16,
 
 // Sandboxes lists the sandboxes recorded as running on this node.
 func (c *Cubelet) Sandboxes(ctx context.Context) ([]Sandbox, error) {
-	recs, _, err := c.store.List()
-	if err != nil {
-		return nil, err
-	}
+	recs, _ := c.store.List()
 	out := make([]Sandbox, 0, len(recs))
 	for _, r := range recs {
 		if r.State == nodestore.StateRunning {

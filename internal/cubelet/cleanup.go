@@ -49,10 +49,7 @@ func Cleanup(ctx context.Context, cfg Config, purgeState bool) (CleanupReport, e
 	if _, err := c.Reconcile(ctx); err != nil {
 		return rep, err
 	}
-	recs, _, err := store.List()
-	if err != nil {
-		return rep, err
-	}
+	recs, _ := store.List()
 	for _, r := range recs {
 		if r.State != nodestore.StatePooled {
 			rep.Sandboxes = append(rep.Sandboxes, r.ID)

@@ -174,7 +174,7 @@ func TestCrashDuringSlot(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			if recs, _, _ := c.store.List(); len(recs) != 0 || c.PoolSize() != 0 {
+			if recs, _ := c.store.List(); len(recs) != 0 || c.PoolSize() != 0 {
 				t.Fatalf("half-made slot kept: %+v", recs)
 			}
 			assertClean(t, c)

@@ -277,12 +277,10 @@ func (c *Cubelet) allocate(ctx context.Context, slot nodestore.Sandbox) (netip.A
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	takenIPs, takenPorts, err := c.takenWith(maps)
-	if err != nil {
-		return netip.Addr{}, 0, nil, err
-	}
+	takenIPs, takenPorts := c.takenWith(maps)
 	ip := slot.IP
 	if slot.ID == "" {
+		var err error
 		if ip, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, takenIPs); err != nil {
 			return netip.Addr{}, 0, nil, fmt.Errorf("allocate sandbox IP: %w", err)
 		}
@@ -310,12 +308,13 @@ func (c *Cubelet) taken(ctx context.Context) (map[netip.Addr]bool, map[uint16]bo
 	if err != nil {
 		return nil, nil, fmt.Errorf("read mappings: %w", err)
 	}
-	return c.takenWith(maps)
+	ips, ports := c.takenWith(maps)
+	return ips, ports, nil
 }
 
 // takenWith is taken with the kernel's mappings read by the caller, before
 // it took c.mu. Callers hold c.mu.
-func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uint16]bool, error) {
+func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uint16]bool) {
 	ips := map[netip.Addr]bool{}
 	ports := map[uint16]bool{}
 	for ip := range c.reservedIPs {
@@ -331,7 +330,7 @@ func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uin
 	for p := range c.strayPorts {
 		ports[p] = true
 	}
-	return ips, ports, nil
+	return ips, ports
 }
 
 func toSandbox(r nodestore.Sandbox) Sandbox {

@@ -67,7 +67,7 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 	}
 	dirs := c.stateDirIDs()
 	ids, _ := cgroup.List(c.cfg.CgroupParent)
-	recs, bad, _ := c.store.List()
+	recs, bad := c.store.List()
 	for _, r := range recs {
 		if r.State == nodestore.StatePooled {
 			// A warm-pool slot (ready, or being made by the refill loop
@@ -230,7 +230,7 @@ func TestWarmPool(t *testing.T) {
 	}
 	waitPool(2)
 	slotIPs := map[string]bool{}
-	recs, _, _ := c.store.List()
+	recs, _ := c.store.List()
 	for _, r := range recs {
 		slotIPs[r.IP.String()] = true
 	}
@@ -277,7 +277,7 @@ func TestWarmPool(t *testing.T) {
 	if err := c.DestroyNetwork(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if recs, _, _ := c.store.List(); len(recs) != 0 {
+	if recs, _ := c.store.List(); len(recs) != 0 {
 		t.Fatalf("records left after DestroyNetwork: %+v", recs)
 	}
 }

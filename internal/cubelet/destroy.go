@@ -105,10 +105,7 @@ func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
 // KillAll tears down every sandbox on the node (clean shutdown of `cube up`
 // without --keep-sandboxes).
 func (c *Cubelet) KillAll(ctx context.Context) error {
-	recs, _, err := c.store.List()
-	if err != nil {
-		return err
-	}
+	recs, _ := c.store.List()
 	var errs []error
 	for _, r := range recs {
 		if r.State == nodestore.StatePooled {
@@ -130,10 +127,7 @@ func (c *Cubelet) DestroyNetwork(ctx context.Context) error {
 	if err := c.DrainPool(ctx); err != nil {
 		return err
 	}
-	recs, _, err := c.store.List()
-	if err != nil {
-		return err
-	}
+	recs, _ := c.store.List()
 	if len(recs) > 0 {
 		return fmt.Errorf("%d sandboxes still on the node: %w", len(recs), errdefs.ErrFailedPrecondition)
 	}

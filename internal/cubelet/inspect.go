@@ -298,10 +298,7 @@ func loadRecords(cfg Config, in *Inspection) (map[string]nodestore.Sandbox, erro
 		return nil, err
 	}
 	defer st.Close()
-	recs, bad, err := st.List()
-	if err != nil {
-		return nil, err
-	}
+	recs, bad := st.List()
 	for _, r := range recs {
 		out[r.ID] = r
 	}

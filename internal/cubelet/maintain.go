@@ -33,11 +33,7 @@ func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
 // the control plane forgets it instead of listing a dead sandbox. It
 // returns the ids it reaped.
 func (c *Cubelet) reapDead(ctx context.Context) []string {
-	recs, _, err := c.store.List()
-	if err != nil {
-		c.log.Warn("list records for liveness check", "err", err)
-		return nil
-	}
+	recs, _ := c.store.List()
 	var reaped []string
 	for _, r := range recs {
 		// Only a shim known to be gone condemns a sandbox: a probe that

@@ -276,10 +276,8 @@ func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
 		s.token = randomHex(32) // may become the sandbox's envd token (see personalise)
 	}
 	c.mu.Lock()
-	ips, _, err := c.takenWith(nil) // IPs only: kernel mappings hold ports
-	if err == nil {
-		s.rec.IP, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
-	}
+	ips, _ := c.takenWith(nil) // IPs only: kernel mappings hold ports
+	s.rec.IP, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
 	if err == nil {
 		err = c.store.Put(s.rec)
 	}

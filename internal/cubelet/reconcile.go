@@ -40,10 +40,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	start := time.Now()
 	st := newStepTimer()
 	var rep ReconcileReport
-	recs, bad, err := c.store.List()
-	if err != nil {
-		return rep, err
-	}
+	recs, bad := c.store.List()
 	rep.Bad = bad
 	owners := map[string]nodestore.Sandbox{}
 	var slots []nodestore.Sandbox
@@ -146,11 +143,7 @@ func (c *Cubelet) noteStrayPorts(ctx context.Context) {
 		c.reconciled = false
 		return
 	}
-	recs, _, err := c.store.List()
-	if err != nil {
-		c.reconciled = false
-		return
-	}
+	recs, _ := c.store.List()
 	owned := map[uint16]bool{}
 	for _, r := range recs {
 		for _, hp := range r.Ports {

@@ -214,7 +214,6 @@ func (s *Store) AddAddresses(ips map[netip.Addr]bool, ports map[uint16]bool) {
 // are returned in bad (by key) instead of failing the whole listing, so one
 // corrupt record never blocks a node's restart. It reads the decoded copy
 // the store keeps (see recordCache).
-func (s *Store) List() (good []Sandbox, bad []string, err error) {
-	good, bad = s.cache.list()
-	return good, bad, nil
+func (s *Store) List() (good []Sandbox, bad []string) {
+	return s.cache.list()
 }
