@@ -256,35 +256,41 @@ func (d *Dataplane) Detach(ctx context.Context, owner string) error {
 	if err != nil {
 		return err
 	}
-	errs := []error{d.removeOwnerNFT(owner)}
-	link, err := d.ownedLink(owner)
-	errs = append(errs, err)
-	var aside *netlink.Handle
-	if link != nil {
-		if aside, err = netlink.NewHandleAt(d.dpNS); err != nil {
-			errs = append(errs, fmt.Errorf("netlink handle: %w", err))
-		}
-	}
-	unlock()
-	if aside != nil {
-		errs = append(errs, deleteLink(aside, link))
-		aside.Close()
-	}
-	errs = append(errs, unpinNetNS(d.cfg.sandboxPin(owner)))
-	return detachErr(owner, errs)
+	return d.detach(owner, unlock)
 }
 
 // detachLocked is Detach for a caller holding the dataplane lock (a failed
-// Attach undoing itself).
-func (d *Dataplane) detachLocked(owner string) error {
+// Attach undoing itself): everything happens under the lock.
+func (d *Dataplane) detachLocked(owner string) error { return d.detach(owner, nil) }
+
+// detach removes owner's nftables objects, then its veth pair and netns
+// pin. With unlock set, the caller's dataplane lock is released after the
+// nftables part and the veth pair is deleted on a netlink handle of its
+// own (see Detach).
+func (d *Dataplane) detach(owner string, unlock func()) error {
 	errs := []error{d.removeOwnerNFT(owner)}
 	link, err := d.ownedLink(owner)
 	errs = append(errs, err)
+	h := d.dp
+	if unlock != nil {
+		if link != nil {
+			if h, err = netlink.NewHandleAt(d.dpNS); err != nil {
+				errs = append(errs, fmt.Errorf("netlink handle: %w", err))
+				link = nil
+			} else {
+				defer h.Close()
+			}
+		}
+		unlock()
+	}
 	if link != nil {
-		errs = append(errs, deleteLink(d.dp, link))
+		errs = append(errs, deleteLink(h, link))
 	}
 	errs = append(errs, unpinNetNS(d.cfg.sandboxPin(owner)))
-	return detachErr(owner, errs)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach %s: %w", owner, err)
+	}
+	return nil
 }
 
 // ownedLink returns owner's veth in the dataplane, or nil when there is
@@ -309,13 +315,6 @@ func (d *Dataplane) ownedLink(owner string) (netlink.Link, error) {
 func deleteLink(h *netlink.Handle, l netlink.Link) error {
 	if err := h.LinkDel(l); err != nil && !isNotFound(err) {
 		return fmt.Errorf("delete link %s: %w", l.Attrs().Name, err)
-	}
-	return nil
-}
-
-func detachErr(owner string, errs []error) error {
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("detach %s: %w", owner, err)
 	}
 	return nil
 }
