@@ -27,17 +27,30 @@ type env struct {
 	st   *store.SQLite
 }
 
-func newEnv(t *testing.T) *env {
+// openKeyStore opens a server store in a temporary dir, closed after the
+// test's other cleanups, and creates an API key for each name.
+func openKeyStore(t *testing.T, names ...string) (*store.SQLite, []string) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "server.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := st.CreateKey(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
+	t.Cleanup(func() { st.Close() })
+	keys := make([]string, len(names))
+	for i, name := range names {
+		if keys[i], err = st.CreateKey(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return st, keys
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	st, keys := openKeyStore(t, "test")
+	key := keys[0]
 	node := newListenNode()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	m := master.New(st, node, master.Config{Domain: "cube.test", Logger: logger})
@@ -54,7 +67,6 @@ func newEnv(t *testing.T) *env {
 			t.Errorf("shutdown: %v", err)
 		}
 		node.closeAll()
-		st.Close()
 	})
 	return &env{t: t, srv: srv, key: key, node: node, m: m, st: st}
 }

@@ -3,13 +3,11 @@ package api
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
-	"github.com/cube-dev/cube/internal/store"
 )
 
 // countingKeys counts the store's verifications.
@@ -28,15 +26,8 @@ func (c *countingKeys) VerifyKey(ctx context.Context, plaintext string) (string,
 // invalid keys are never cached.
 func TestCachedKeys(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "server.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	key, err := st.CreateKey(ctx, "cached")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, keys := openKeyStore(t, "cached")
+	key := keys[0]
 	counted := &countingKeys{KeyVerifier: st}
 	c := newCachedKeys(counted)
 	now := time.Now()

@@ -6,31 +6,18 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/ratelimit"
-	"github.com/cube-dev/cube/internal/store"
 )
 
 func TestRateLimitsPerKey(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "server.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	keyA, err := st.CreateKey(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyB, err := st.CreateKey(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, keys := openKeyStore(t, "a", "b")
+	keyA, keyB := keys[0], keys[1]
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	node := newListenNode()
 	defer node.closeAll()

@@ -13,9 +13,8 @@ import (
 	"path/filepath"
 	"sort"
 
-	"github.com/cube-dev/cube/internal/errdefs"
-
 	"github.com/cube-dev/cube/internal/atomicfile"
+	"github.com/cube-dev/cube/internal/errdefs"
 )
 
 // ManifestName is the file InstallArtifacts writes last in the destination.
