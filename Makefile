@@ -19,11 +19,12 @@ deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
 	@bash hack/deps.sh
 
 .PHONY: build
-build: ## Build bin/cube and the static bin/envd, bin/cube-shim and bin/cube-reaper.
+build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-supervisor and bin/cube-reaper.
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/cube ./cmd/cube
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-shim ./cmd/cube-shim
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-supervisor ./cmd/cube-supervisor
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-reaper ./cmd/cube-reaper
 
 IMAGES_OUT ?= out/images

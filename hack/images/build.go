@@ -30,10 +30,11 @@ var epoch = time.Unix(0, 0).UTC()
 // Binaries are the static programs an image can carry, built like `make
 // build` but with CGO_ENABLED=0 for cube too (scratch has no libc).
 var Binaries = map[string]string{
-	"cube":        "github.com/cube-dev/cube/cmd/cube",
-	"envd":        "github.com/cube-dev/cube/cmd/envd",
-	"cube-shim":   "github.com/cube-dev/cube/cmd/cube-shim",
-	"cube-reaper": "github.com/cube-dev/cube/cmd/cube-reaper",
+	"cube":            "github.com/cube-dev/cube/cmd/cube",
+	"envd":            "github.com/cube-dev/cube/cmd/envd",
+	"cube-shim":       "github.com/cube-dev/cube/cmd/cube-shim",
+	"cube-supervisor": "github.com/cube-dev/cube/cmd/cube-supervisor",
+	"cube-reaper":     "github.com/cube-dev/cube/cmd/cube-reaper",
 }
 
 // Spec describes one image: which binary goes where, and its config.
@@ -69,10 +70,11 @@ func Specs(ver string) []Spec {
 		{
 			Name: "cubelet",
 			Files: map[string]string{
-				"/usr/local/bin/cube":        "cube",
-				"/usr/local/bin/envd":        "envd",
-				"/usr/local/bin/cube-shim":   "cube-shim",
-				"/usr/local/bin/cube-reaper": "cube-reaper",
+				"/usr/local/bin/cube":            "cube",
+				"/usr/local/bin/envd":            "envd",
+				"/usr/local/bin/cube-shim":       "cube-shim",
+				"/usr/local/bin/cube-supervisor": "cube-supervisor",
+				"/usr/local/bin/cube-reaper":     "cube-reaper",
 			},
 			Entrypoint: cube, Cmd: []string{"cubelet"},
 			Env: env, WorkingDir: "/var/lib/cube", Labels: labels("cubelet"),
@@ -82,10 +84,11 @@ func Specs(ver string) []Spec {
 			// (cube kube install-artifacts).
 			Name: "installer",
 			Files: map[string]string{
-				"/usr/local/bin/cube":             "cube",
-				"/opt/cube/artifacts/envd":        "envd",
-				"/opt/cube/artifacts/cube-shim":   "cube-shim",
-				"/opt/cube/artifacts/cube-reaper": "cube-reaper",
+				"/usr/local/bin/cube":                 "cube",
+				"/opt/cube/artifacts/envd":            "envd",
+				"/opt/cube/artifacts/cube-shim":       "cube-shim",
+				"/opt/cube/artifacts/cube-supervisor": "cube-supervisor",
+				"/opt/cube/artifacts/cube-reaper":     "cube-reaper",
 			},
 			Entrypoint: cube, Cmd: []string{"kube", "install-artifacts", "--hold"},
 			Env: env, WorkingDir: "/", Labels: labels("cube-installer"),

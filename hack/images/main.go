@@ -19,7 +19,7 @@ import (
 
 func main() {
 	out := flag.String("out", "out/images", "directory the OCI layouts are written under (one per image)")
-	bin := flag.String("bin", "", "directory with prebuilt static cube, envd, cube-shim and cube-reaper (empty: build them)")
+	bin := flag.String("bin", "", "directory with prebuilt static cube, envd, cube-shim, cube-supervisor and cube-reaper (empty: build them)")
 	ver := flag.String("version", version.Version, "image version (label org.opencontainers.image.version)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

@@ -13,9 +13,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -99,7 +99,7 @@ func (c *Cgroup) SetResources(r Resources) error {
 		if !ok {
 			return fmt.Errorf("cgroup controller %s is not mounted: %w", w.Controller, errdefs.ErrUnavailable)
 		}
-		err := writeFile(filepath.Join(d, w.File), []byte(w.Value))
+		err := control.WriteFile(filepath.Join(d, w.File), []byte(w.Value))
 		if err != nil && !(w.Optional && errors.Is(err, fs.ErrNotExist)) {
 			return fmt.Errorf("set cgroup limit %s=%s: %w", w.File, w.Value, err)
 		}
@@ -126,7 +126,7 @@ func enableControllersV2(unified, parent string) error {
 			return fmt.Errorf("create cgroup %s: %w", d, err)
 		}
 		for _, ctl := range []string{"cpu", "memory", "pids"} {
-			if err := writeFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+ctl)); err != nil {
+			if err := control.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+"+ctl)); err != nil {
 				return fmt.Errorf("enable controller %s in %s: %w", ctl, d, err)
 			}
 		}
@@ -145,7 +145,7 @@ func (c *Cgroup) AddProc(pid int) error {
 }
 
 func writeProc(dir string, pid int) error {
-	err := writeFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)))
+	err := control.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cgroup %s: %w", dir, errdefs.ErrNotFound)
 	}
@@ -155,48 +155,9 @@ func writeProc(dir string, pid int) error {
 	return nil
 }
 
-// Procs returns the pids in the cgroup (the union over v1 hierarchies),
-// sorted. It fails with ErrNotFound when the cgroup does not exist.
-func (c *Cgroup) Procs() ([]int, error) {
-	var out []int
-	found := false
-	for _, d := range uniqueDirs(c.dirs) {
-		pids, err := readPids(filepath.Join(d, "cgroup.procs"))
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		found = true
-		for _, p := range pids {
-			if !slices.Contains(out, p) {
-				out = append(out, p)
-			}
-		}
-	}
-	if !found {
-		return nil, fmt.Errorf("cgroup %s/%s: %w", c.parent, c.id, errdefs.ErrNotFound)
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-func readPids(file string) ([]int, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		p, err := strconv.Atoi(f)
-		if err != nil {
-			return nil, fmt.Errorf("parse %s: %w", file, err)
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
+// Procs returns the pids in the cgroup (in any hierarchy), sorted;
+// ErrNotFound when the cgroup does not exist.
+func (c *Cgroup) Procs() ([]int, error) { return c.Control().Procs() }
 
 // Remove deletes the cgroup. It is idempotent and retries briefly (up to
 // 2 s in all) while the kernel still reports it busy because processes are
@@ -222,7 +183,7 @@ func removeDir(ctx context.Context, dir string) error {
 		if !isBusy(err) {
 			return fmt.Errorf("remove cgroup %s: %w", dir, err)
 		}
-		if pids, _ := readPids(filepath.Join(dir, "cgroup.procs")); len(pids) > 0 {
+		if pids, _ := control.ReadPids(filepath.Join(dir, "cgroup.procs")); len(pids) > 0 {
 			return fmt.Errorf("remove cgroup %s: %d processes left, kill them first: %w", dir, len(pids), errdefs.ErrFailedPrecondition)
 		}
 		select {
@@ -269,19 +230,4 @@ func ListLayout(l Layout, parent string) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
-}
-
-// writeFile writes a control file. Unlike os.WriteFile it never creates the
-// file: cgroupfs refuses creation, and a missing file must read as
-// fs.ErrNotExist.
-func writeFile(name string, data []byte) error {
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -195,7 +196,7 @@ func TestKillForkingProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	// pids.events counts refused forks: the bomb hit the limit.
-	if err := pollUntil(ctx, func() (bool, error) {
+	if err := control.PollUntil(ctx, func() (bool, error) {
 		kv, err := readKeyValues(filepath.Join(cg.Dir("pids"), "pids.events"))
 		return err == nil && kv["max"] > 0, err
 	}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/errdefs/errhttp"
 )
 
 // DrainRequest is the body of POST /nodes/{id}/drain.
@@ -98,4 +99,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-func writeErr(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
+func writeErr(w http.ResponseWriter, err error) { errhttp.Write(w, err) }

@@ -25,12 +25,11 @@ import (
 var envdBinary string
 
 func TestMain(m *testing.M) {
+	if code, ok := nsrt.Dispatch(os.Args[1:]); ok {
+		os.Exit(code)
+	}
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
-		case "shim":
-			os.Exit(nsrt.ShimMain(os.Args[2:]))
-		case "sandbox-init":
-			os.Exit(nsrt.InitMain(os.Args[2:]))
 		case "cubelet-create":
 			os.Exit(crashCreateMain(os.Args[2:]))
 		case "cubelet-kill":

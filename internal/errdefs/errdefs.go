@@ -3,10 +3,7 @@
 // map them to HTTP or RPC codes once, at the boundary (see HTTPStatus).
 package errdefs
 
-import (
-	"errors"
-	"net/http"
-)
+import "errors"
 
 var (
 	ErrNotFound           = errors.New("not found")
@@ -22,29 +19,32 @@ var (
 )
 
 // HTTPStatus maps an error chain to the HTTP status the E2B SDK expects.
+// The codes are spelled as numbers (net/http's names in the comments) so
+// that this package does not pull net/http into the per-sandbox supervisor,
+// whose memory every sandbox pays for.
 func HTTPStatus(err error) int {
 	switch {
 	case err == nil:
-		return http.StatusOK
+		return 200 // StatusOK
 	case errors.Is(err, ErrNotFound):
-		return http.StatusNotFound
+		return 404 // StatusNotFound
 	case errors.Is(err, ErrAlreadyExists), errors.Is(err, ErrConflict):
-		return http.StatusConflict
+		return 409 // StatusConflict
 	case errors.Is(err, ErrInvalidArgument):
-		return http.StatusBadRequest
+		return 400 // StatusBadRequest
 	case errors.Is(err, ErrFailedPrecondition):
-		return http.StatusPreconditionFailed
+		return 412 // StatusPreconditionFailed
 	case errors.Is(err, ErrUnavailable):
-		return http.StatusServiceUnavailable
+		return 503 // StatusServiceUnavailable
 	case errors.Is(err, ErrResourceExhausted):
-		return http.StatusTooManyRequests
+		return 429 // StatusTooManyRequests
 	case errors.Is(err, ErrUnauthenticated):
-		return http.StatusUnauthorized
+		return 401 // StatusUnauthorized
 	case errors.Is(err, ErrPermissionDenied):
-		return http.StatusForbidden
+		return 403 // StatusForbidden
 	case errors.Is(err, ErrNotImplemented):
-		return http.StatusNotImplemented
+		return 501 // StatusNotImplemented
 	default:
-		return http.StatusInternalServerError
+		return 500 // StatusInternalServerError
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 )
 
@@ -28,14 +26,5 @@ func TestHTTPStatus(t *testing.T) {
 		if got := HTTPStatus(c.err); got != c.want {
 			t.Errorf("HTTPStatus(%v) = %d, want %d", c.err, got, c.want)
 		}
-	}
-}
-
-func TestWriteHTTP(t *testing.T) {
-	rec := httptest.NewRecorder()
-	WriteHTTP(rec, fmt.Errorf("node n1: %w", ErrNotFound))
-	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/json" ||
-		strings.TrimSpace(rec.Body.String()) != `{"code":404,"message":"node n1: not found"}` {
-		t.Fatalf("%d %q %s", rec.Code, rec.Header().Get("Content-Type"), rec.Body)
 	}
 }

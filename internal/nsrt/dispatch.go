@@ -1,8 +1,11 @@
 package nsrt
 
-// Dispatch runs the subcommands the runtime starts itself, `shim` and
-// `sandbox-init` (see ShimMain, InitMain), for any binary that carries the
-// runtime (cube, cube-shim). It reports false for anything else.
+import "github.com/cube-dev/cube/internal/supervisor"
+
+// Dispatch runs the subcommands the runtime starts itself, `shim`,
+// `sandbox-init` and `supervise` (see ShimMain, InitMain, supervisor.Main),
+// for any binary that carries the runtime (cube, cube-shim). It reports
+// false for anything else.
 func Dispatch(args []string) (code int, handled bool) {
 	if len(args) == 0 {
 		return 0, false
@@ -12,6 +15,8 @@ func Dispatch(args []string) (code int, handled bool) {
 		return ShimMain(args[1:]), true
 	case InitCommand:
 		return InitMain(args[1:]), true
+	case supervisor.Command:
+		return supervisor.Main(args[1:]), true
 	}
 	return 0, false
 }

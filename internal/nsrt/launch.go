@@ -16,8 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/shim"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // InitCommand is the subcommand of the cube binary that runs InitMain.
@@ -52,16 +54,42 @@ func ShimCgroup(parent string) string {
 type workload struct {
 	pid    int
 	cg     *cgroup.Cgroup
-	done   chan struct{} // closed when init has exited
+	done   chan struct{} // closed when init has exited (it is not reaped)
 	status shim.ExitStatus
 	once   sync.Once
+	execs  chan supervisorExec // to the thread that started the init
 }
 
-func (w *workload) Pid() int                         { return w.pid }
-func (w *workload) Wait() shim.ExitStatus            { <-w.done; return w.status }
-func (w *workload) Kill(ctx context.Context) error   { return w.cg.Kill(ctx) }
-func (w *workload) Freeze(ctx context.Context) error { return w.cg.Freeze(ctx) }
-func (w *workload) Thaw(ctx context.Context) error   { return w.cg.Thaw(ctx) }
+// supervisorExec asks the init's parent thread to exec; err gets the
+// failure (success never answers).
+type supervisorExec struct {
+	path      string
+	argv, env []string
+	err       chan error
+}
+
+func (w *workload) Pid() int                       { return w.pid }
+func (w *workload) Cgroup() control.Group          { return w.cg.Control() }
+func (w *workload) Kill(ctx context.Context) error { return killInit(ctx, w) }
+
+func (w *workload) Exec(path string, argv, env []string) error {
+	req := supervisorExec{path: path, argv: argv, env: env, err: make(chan error, 1)}
+	w.execs <- req
+	return <-req.err
+}
+
+// killInit kills the init and everything in the sandbox cgroup and waits
+// (bounded by ctx) until the init has exited.
+func killInit(ctx context.Context, w *workload) error {
+	_ = syscall.Kill(w.pid, syscall.SIGKILL)
+	err := w.cg.Kill(ctx)
+	select {
+	case <-w.done:
+		return err
+	case <-ctx.Done():
+		return errors.Join(err, fmt.Errorf("init %d did not exit: %w", w.pid, errdefs.ErrUnavailable))
+	}
+}
 
 // launch runs in the detached shim: it starts sandbox-init in new
 // namespaces, moves it into the sandbox cgroup, releases it and waits for
@@ -117,7 +145,7 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 	}
 	defer layerR.Close()
 
-	w := &workload{cg: cg, done: make(chan struct{})}
+	w := &workload{cg: cg, done: make(chan struct{}), execs: make(chan supervisorExec)}
 	started := make(chan error, 1)
 	go runInit(spec, stateDir, []*os.File{logf, readyW, syncR, layerW}, w, started)
 	err = <-started
@@ -132,12 +160,7 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 		if err != nil {
 			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			_ = syscall.Kill(w.pid, syscall.SIGKILL)
-			_ = cg.Kill(kctx)
-			select {
-			case <-w.done:
-			case <-kctx.Done():
-			}
+			_ = killInit(kctx, w)
 			if tail := logTail(stateDir, 2048); tail != "" {
 				err = fmt.Errorf("%w; init output: %s", err, tail)
 			}
@@ -205,21 +228,63 @@ func sigSuffix(sig string) string {
 	return ", signal " + sig
 }
 
-// runInit starts sandbox-init on a thread that has joined the sandbox's
-// network namespace and stays locked for the init's lifetime: the thread
-// never returns to the Go scheduler with a foreign netns, and Pdeathsig
-// (tied to the forking thread) fires only when the shim itself dies.
-// files are the init's stdout/stderr, ready fd (3), sync fd (4) and layer
-// fd (5).
+// runInit starts sandbox-init on a thread that is locked for the rest of
+// this process image: Pdeathsig is tied to the forking thread, so the
+// thread must neither exit nor return to the scheduler while the init
+// lives. When the sandbox lives in an existing network namespace the thread
+// joins it for the clone and returns to its own right after. The init is
+// watched through a pidfd and never reaped here: once the sandbox is ready
+// the same thread execs the supervisor (workload.Exec), which adopts the
+// init as its child and reaps it. files are the init's stdout/stderr,
+// ready fd (3), sync fd (4) and layer fd (5).
 func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
-	defer w.once.Do(func() { close(w.done) })
+	if err := startInit(spec, stateDir, files, w); err != nil {
+		w.once.Do(func() { close(w.done) })
+		started <- err
+		return
+	}
+	init, err := supervisor.OpenChild(w.pid)
+	if err != nil {
+		_ = syscall.Kill(w.pid, syscall.SIGKILL)
+		w.once.Do(func() { close(w.done) })
+		started <- err
+		return
+	}
+	go func() {
+		defer w.once.Do(func() { close(w.done) })
+		if err := init.WaitExited(); err == nil {
+			// WNOWAIT: the supervisor after the exec reaps it.
+			w.status, _ = init.Status(false)
+		}
+	}()
+	started <- nil
+	for req := range w.execs {
+		req.err <- syscall.Exec(req.path, req.argv, req.env)
+	}
+}
+
+// startInit clones sandbox-init into its namespaces from the calling
+// (locked) thread and records its pid.
+func startInit(spec Spec, stateDir string, files []*os.File, w *workload) (err error) {
 	flags := uintptr(unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC)
 	if spec.NetNSPath == "" {
 		flags |= unix.CLONE_NEWNET
-	} else if err := joinNetNS(spec.NetNSPath); err != nil {
-		started <- err
-		return
+	} else {
+		restore, err := enterNetNS(spec.NetNSPath)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if rerr := restore(); rerr != nil && err == nil {
+				// The thread would carry the sandbox's netns into the
+				// supervisor; give up on this start.
+				if w.pid > 0 {
+					_ = syscall.Kill(w.pid, syscall.SIGKILL)
+				}
+				err = rerr
+			}
+		}()
 	}
 	cmd := exec.Command("/proc/self/exe", InitCommand, "--state-dir", stateDir)
 	cmd.Args[0] = os.Args[0]
@@ -228,13 +293,30 @@ func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started 
 	cmd.ExtraFiles = files[1:]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL, Setsid: true}
 	if err := cmd.Start(); err != nil {
-		started <- fmt.Errorf("start sandbox-init: %w", err)
-		return
+		return fmt.Errorf("start sandbox-init: %w", err)
 	}
 	w.pid = cmd.Process.Pid
-	started <- nil
-	_ = cmd.Wait()
-	w.status = exitStatus(cmd.ProcessState)
+	return nil
+}
+
+// enterNetNS moves the calling thread into the network namespace at path
+// and returns how to move it back.
+func enterNetNS(path string) (restore func() error, err error) {
+	self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open own netns: %w", err)
+	}
+	if err := joinNetNS(path); err != nil {
+		unix.Close(self)
+		return nil, err
+	}
+	return func() error {
+		defer unix.Close(self)
+		if err := unix.Setns(self, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("return to own netns: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 func joinNetNS(path string) error {
@@ -247,19 +329,4 @@ func joinNetNS(path string) error {
 		return fmt.Errorf("join netns %s: %w", path, err)
 	}
 	return nil
-}
-
-func exitStatus(ps *os.ProcessState) shim.ExitStatus {
-	e := shim.ExitStatus{ExitCode: -1, ExitedAt: time.Now().UTC()}
-	if ps == nil {
-		return e
-	}
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	switch {
-	case ok && ws.Signaled():
-		e.Signal = unix.SignalName(ws.Signal())
-	default:
-		e.ExitCode = ps.ExitCode()
-	}
-	return e
 }

@@ -22,19 +22,16 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 )
 
-// TestMain lets the test binary play `cube shim` and `cube sandbox-init`.
+// TestMain lets the test binary play `cube shim`, `cube sandbox-init` and
+// `cube supervise`.
 // The tests themselves run in a child of a subreaper, which plays a reaping
 // pid 1 for the detached shims (this machine's pid 1 does not reap).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "shim":
-			os.Exit(ShimMain(os.Args[2:]))
-		case InitCommand:
-			os.Exit(InitMain(os.Args[2:]))
-		case "agent":
-			os.Exit(agentMain(os.Args[2]))
-		}
+	if code, ok := Dispatch(os.Args[1:]); ok {
+		os.Exit(code)
+	}
+	if len(os.Args) > 2 && os.Args[1] == "agent" {
+		os.Exit(agentMain(os.Args[2]))
 	}
 	if os.Getenv(reapedEnv) == "" && os.Geteuid() == 0 {
 		os.Exit(runUnderReaper())

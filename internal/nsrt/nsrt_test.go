@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // readyScript records what the sandbox sees into /tmp (read from the host
@@ -132,6 +134,18 @@ func TestSandboxLifecycle(t *testing.T) {
 	}
 	if b, _ := os.ReadFile("/proc/" + strconv.Itoa(shimPID) + "/cgroup"); !strings.Contains(string(b), "/"+ShimCgroup(e.parent)+"\n") {
 		t.Errorf("shim cgroups:\n%s", b)
+	}
+	// Once the sandbox was ready the shim exec'd the supervisor: same pid,
+	// the init still its child, and no longer in the sandbox's network
+	// namespace, which the thread that started the init had joined.
+	if b, _ := os.ReadFile("/proc/" + strconv.Itoa(shimPID) + "/cmdline"); !strings.Contains(string(b), "\x00"+supervisor.Command+"\x00") {
+		t.Errorf("shim command line %q: not the supervisor", b)
+	}
+	if _, ppid, _ := procStat(t, init); ppid != shimPID {
+		t.Errorf("init's parent = %d, want the shim %d", ppid, shimPID)
+	}
+	if got, want := inode(t, "/proc/"+strconv.Itoa(shimPID)+"/ns/net"), inode(t, "/proc/self/ns/net"); got != want {
+		t.Errorf("shim netns inode %s, want the host's %s", got, want)
 	}
 
 	// An agent restart: a fresh handle from the state dir only.
@@ -314,6 +328,41 @@ func TestNewNetNSWhenNoPath(t *testing.T) {
 		t.Error("sandbox shares the host netns")
 	}
 	if err := sb.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SIGTERM to a shim ends its sandbox: the supervisor does not catch it
+// (a caught signal costs every sandbox two threads), and the init's
+// parent-death signal takes the pid namespace with it. Nothing of the
+// sandbox's may keep running without a supervisor.
+func TestShimSIGTERMEndsSandbox(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sb, err := Start(ctx, e.exe, e.spec("/bin/sh", "-c", "echo x >&3; sleep 1000 & exec sleep 1000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	if err := syscall.Kill(sb.ShimPID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := cgroup.Open(e.parent, e.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := control.PollUntil(ctx, func() (bool, error) {
+		procs, err := cg.Procs()
+		return err == nil && len(procs) == 0, err
+	}); err != nil {
+		t.Errorf("sandbox processes left after SIGTERM to the shim: %v", err)
+	}
+	if err := Cleanup(ctx, e.stateDir, e.parent, e.id); err != nil {
 		t.Fatal(err)
 	}
 }

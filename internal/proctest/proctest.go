@@ -21,14 +21,14 @@ import (
 	"time"
 )
 
-// Build compiles cube, envd, cube-shim and cube-reaper from this module into
+// Build compiles cube, envd, cube-shim, cube-supervisor and cube-reaper from this module into
 // dir (all but cube static, as `make build` does).
 func Build(dir string) error {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	for _, b := range []struct{ out, pkg, cgo string }{
 		{"cube", "./cmd/cube", "1"}, {"envd", "./cmd/envd", "0"}, {"cube-shim", "./cmd/cube-shim", "0"},
-		{"cube-reaper", "./cmd/cube-reaper", "0"},
+		{"cube-supervisor", "./cmd/cube-supervisor", "0"}, {"cube-reaper", "./cmd/cube-reaper", "0"},
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
 		cmd.Dir = root

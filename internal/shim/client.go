@@ -184,3 +184,21 @@ func (w *ExitWatch) Exited() bool { return w.p.exited() }
 
 // Close releases the pidfd.
 func (w *ExitWatch) Close() error { return w.p.close() }
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// kindOf maps an HTTP status (as produced by errdefs.HTTPStatus) back to an
+// error kind, so errors.Is works across the socket.
+func kindOf(code int) error {
+	for _, k := range []error{
+		errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrInvalidArgument, errdefs.ErrFailedPrecondition,
+		errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrUnauthenticated, errdefs.ErrPermissionDenied,
+	} {
+		if errdefs.HTTPStatus(k) == code {
+			return k
+		}
+	}
+	return errors.New("internal error")
+}

@@ -7,16 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
-	"github.com/cube-dev/cube/internal/atomicfile"
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // Command is the subcommand of the cube binary that runs Main.
@@ -25,22 +22,34 @@ const Command = "shim"
 // statusFD is the fd on which a starting shim reports to the agent.
 const statusFD = 3
 
-// report is one line on the status pipe: first a "hello" with the detached
-// shim's pid, then "done" with the outcome.
-type report struct {
-	Stage   string `json:"stage"`
-	PID     int    `json:"pid,omitempty"`
-	InitPID int    `json:"initPid,omitempty"`
-	Error   string `json:"error,omitempty"`
-	Code    int    `json:"code,omitempty"` // errdefs.HTTPStatus of Error
+// Workload is a started sandbox, as its launcher hands it over.
+type Workload interface {
+	// Pid is the host pid of the init, a child of this process.
+	Pid() int
+	// Cgroup is the sandbox's cgroup, which the supervisor freezes and kills.
+	Cgroup() control.Group
+	// Kill kills every process of the workload and returns once the init
+	// has exited (a failed start).
+	Kill(ctx context.Context) error
+	// Exec replaces this process with the program at path (the
+	// supervisor), keeping its pid, so that the init stays its child. It
+	// runs on the thread that started the init (the init's parent-death
+	// signal is tied to that thread) and returns only if the exec failed.
+	Exec(path string, argv, env []string) error
 }
+
+// Launcher starts the workload described by the files in stateDir and
+// returns once it is ready. It runs inside the detached shim; on error it
+// must leave no process running.
+type Launcher func(ctx context.Context, stateDir string) (Workload, error)
 
 // Main is the body of `cube shim --state-dir DIR`; args are the arguments
 // after the subcommand. Started by Spawn as the leader of a new session, it
-// runs launch, reports the outcome on fd 3, then supervises the workload
-// until its init exits. It needs nothing from the agent once started: when
-// the agent exits, the shim is re-parented (to the host's init or the
-// nearest subreaper) and keeps running.
+// says hello on fd 3, runs launch, then execs the supervisor (see package
+// supervisor), which reports the outcome and supervises the workload until
+// its init exits. It needs nothing from the agent once started: when the
+// agent exits, the shim is re-parented (to the host's init or the nearest
+// subreaper) and keeps running.
 func Main(args []string, launch Launcher) int {
 	fs := flag.NewFlagSet(Command, flag.ContinueOnError)
 	stateDir := fs.String("state-dir", "", "sandbox state directory")
@@ -56,26 +65,22 @@ func Main(args []string, launch Launcher) int {
 		log.Error("shim needs --state-dir and a status pipe on fd 3")
 		return 2
 	}
-	if err := supervise(log, *stateDir, status, launch); err != nil {
+	if err := start(*stateDir, status, launch); err != nil {
 		log.Error("shim failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func supervise(log *slog.Logger, stateDir string, status *os.File, launch Launcher) error {
-	// Nothing may stop the supervisor but SIGKILL or its sandbox ending;
-	// SIGTERM asks it to kill the sandbox.
-	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGPIPE)
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
-
+// start launches the workload and hands it to the supervisor; it returns
+// only on failure, after reporting it.
+func start(stateDir string, status *os.File, launch Launcher) error {
 	enc := json.NewEncoder(status)
-	if err := enc.Encode(report{Stage: "hello", PID: os.Getpid()}); err != nil {
+	if err := enc.Encode(supervisor.Report{Stage: "hello", PID: os.Getpid()}); err != nil {
 		return fmt.Errorf("agent went away before the shim started: %w", err)
 	}
 	fail := func(err error) error {
-		_ = enc.Encode(report{Stage: "done", Error: err.Error(), Code: errdefs.HTTPStatus(err)})
+		_ = enc.Encode(supervisor.Report{Stage: "done", Error: err.Error(), Code: errdefs.HTTPStatus(err)})
 		return err
 	}
 	ctx := context.Background()
@@ -83,68 +88,26 @@ func supervise(log *slog.Logger, stateDir string, status *os.File, launch Launch
 	if err != nil {
 		return fail(err)
 	}
-	abort := func(err error) error {
-		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if kerr := w.Kill(kctx); kerr != nil {
-			err = errors.Join(err, kerr)
-		}
-		w.Wait()
-		return fail(err)
-	}
-
-	sock := filepath.Join(stateDir, SocketFile)
-	_ = os.Remove(sock)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		return abort(fmt.Errorf("listen on %s: %w", sock, err))
-	}
-	defer os.Remove(sock)
-	started := time.Now().UTC()
-	srv := newServer(w, State{ShimPID: os.Getpid(), InitPID: w.Pid(), Running: true, StartedAt: started, Version: Version})
-	info := Info{Schema: SchemaVersion, PID: os.Getpid(), InitPID: w.Pid(), Version: Version, Socket: sock, StartedAt: started}
-	if err := atomicfile.WriteJSON(filepath.Join(stateDir, InfoFile), info, 0o644); err != nil {
-		ln.Close()
-		return abort(fmt.Errorf("record shim: %w", err))
-	}
-	if err := enc.Encode(report{Stage: "done", PID: os.Getpid(), InitPID: w.Pid()}); err != nil {
-		// The agent gave up waiting: nobody will manage this sandbox.
-		ln.Close()
-		return abort(fmt.Errorf("agent went away during start: %w", err))
-	}
-	status.Close()
-	log.Info("sandbox started", "shimPid", os.Getpid(), "initPid", w.Pid())
-
-	hs := &http.Server{Handler: srv.handler(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	exitCh := make(chan ExitStatus, 1)
-	go func() { exitCh <- w.Wait() }()
-	var exit ExitStatus
-	select {
-	case exit = <-exitCh:
-	case <-term:
-		log.Info("SIGTERM: killing sandbox")
-		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := w.Kill(kctx); err != nil {
-			log.Error("kill sandbox", "err", err)
-		}
-		cancel()
-		exit = <-exitCh
-	}
-	exit.Schema = SchemaVersion
-	if err := atomicfile.WriteJSON(filepath.Join(stateDir, ExitFile), exit, 0o644); err != nil {
-		log.Error("record exit", "err", err)
-	}
-	srv.markExited(exit)
-	log.Info("sandbox exited", "exitCode", exit.ExitCode, "signal", exit.Signal)
-	// Kill whatever the init left behind (processes that escaped its pid
-	// namespace cannot exist, but the workload decides).
+	path, argv := SupervisorCommand(supervisor.Args(stateDir, w.Pid(), w.Cgroup()))
+	err = w.Exec(path, argv, os.Environ())
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := w.Kill(kctx); err != nil {
-		log.Error("kill leftovers", "err", err)
+	if kerr := w.Kill(kctx); kerr != nil {
+		err = errors.Join(err, kerr)
 	}
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	return hs.Shutdown(sctx)
+	return fail(fmt.Errorf("exec supervisor %s: %w", path, err))
+}
+
+// SupervisorCommand is the program and command line that run the
+// supervisor with args: cube-supervisor next to this binary when it is
+// installed there (a small image: it lives as long as the sandbox), else
+// this binary's own `supervise` subcommand.
+func SupervisorCommand(args []string) (path string, argv []string) {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), supervisor.BinaryName)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			return p, append([]string{supervisor.BinaryName}, args...)
+		}
+	}
+	return "/proc/self/exe", append([]string{os.Args[0], supervisor.Command}, args...)
 }

@@ -16,13 +16,20 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/atomicfile"
+	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
-// TestMain lets the test binary play `cube shim` with a fake workload.
+// TestMain lets the test binary play `cube shim` with a fake workload, and
+// the supervisor it execs.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == Command {
 		os.Exit(Main(os.Args[2:], fakeLaunch))
+	}
+	if len(os.Args) > 1 && os.Args[1] == supervisor.Command {
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	if sock := os.Getenv("CUBE_TEST_SILENT_SHIM"); sock != "" {
 		os.Exit(silentShim(sock, os.Getenv("CUBE_TEST_SILENT_FOR")))
@@ -30,34 +37,38 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// procWorkload supervises a plain child process.
+// procWorkload is a plain child process in a cgroup of its own.
 type procWorkload struct {
-	cmd  *exec.Cmd
-	done chan ExitStatus
+	cmd     *exec.Cmd
+	cg      *cgroup.Cgroup
+	badExec bool // Exec a path that does not exist
 }
 
-func (w *procWorkload) Pid() int { return w.cmd.Process.Pid }
-func (w *procWorkload) Wait() ExitStatus {
-	e := <-w.done
-	w.done <- e
-	return e
-}
+func (w *procWorkload) Pid() int              { return w.cmd.Process.Pid }
+func (w *procWorkload) Cgroup() control.Group { return w.cg.Control() }
 func (w *procWorkload) Kill(ctx context.Context) error {
-	if err := w.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	child, err := supervisor.OpenChild(w.Pid())
+	if err != nil {
 		return err
 	}
-	select {
-	case e := <-w.done:
-		w.done <- e
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	defer child.Close()
+	if err := child.Kill(); err != nil {
+		return err
 	}
+	return child.WaitExited()
 }
-func (w *procWorkload) Freeze(context.Context) error { return w.cmd.Process.Signal(syscall.SIGSTOP) }
-func (w *procWorkload) Thaw(context.Context) error   { return w.cmd.Process.Signal(syscall.SIGCONT) }
+func (w *procWorkload) Exec(path string, argv, env []string) error {
+	if w.badExec {
+		path = "/nonexistent/cube-supervisor"
+	}
+	return syscall.Exec(path, argv, env)
+}
 
-// fakeLaunch reads the workload's argv from stateDir/argv; "fail" fails.
+// testCgroupParent holds the fake workloads' cgroups.
+const testCgroupParent = "cube-shimtest"
+
+// fakeLaunch reads the workload's argv from stateDir/argv; "fail" fails,
+// "badexec ARGV" starts ARGV and then fails to exec the supervisor.
 func fakeLaunch(ctx context.Context, stateDir string) (Workload, error) {
 	b, err := os.ReadFile(filepath.Join(stateDir, "argv"))
 	if err != nil {
@@ -67,19 +78,24 @@ func fakeLaunch(ctx context.Context, stateDir string) (Workload, error) {
 	if argv[0] == "fail" {
 		return nil, fmt.Errorf("launch refused: %w", errdefs.ErrInvalidArgument)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if err := cmd.Start(); err != nil {
+	w := &procWorkload{badExec: argv[0] == "badexec"}
+	if w.badExec {
+		argv = argv[1:]
+	}
+	if w.cg, err = cgroup.Open(testCgroupParent, filepath.Base(stateDir)); err != nil {
 		return nil, err
 	}
-	w := &procWorkload{cmd: cmd, done: make(chan ExitStatus, 1)}
-	go func() {
-		_ = cmd.Wait()
-		e := ExitStatus{ExitCode: cmd.ProcessState.ExitCode(), ExitedAt: time.Now()}
-		if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
-			e.Signal = ws.Signal().String()
-		}
-		w.done <- e
-	}()
+	if err := w.cg.Create(cgroup.Resources{}); err != nil {
+		return nil, err
+	}
+	w.cmd = exec.Command(argv[0], argv[1:]...)
+	if err := w.cmd.Start(); err != nil {
+		return nil, err
+	}
+	if err := w.cg.AddProc(w.Pid()); err != nil {
+		_ = w.Kill(ctx)
+		return nil, err
+	}
 	return w, nil
 }
 
@@ -93,6 +109,12 @@ func setup(t *testing.T, argv string) (exe, dir string) {
 	if err := os.WriteFile(filepath.Join(dir, "argv"), []byte(argv), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if cg, err := cgroup.Open(testCgroupParent, filepath.Base(dir)); err == nil {
+			_ = cg.Kill(context.Background())
+			_ = cg.Remove(context.Background())
+		}
+	})
 	return exe, dir
 }
 
@@ -109,6 +131,11 @@ func TestSpawnKill(t *testing.T) {
 	if c.Info().PID == os.Getpid() || c.Info().InitPID == 0 {
 		t.Fatalf("info = %+v", c.Info())
 	}
+	// After the start the shim is the supervisor (same pid), with the
+	// workload still its child.
+	if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.Info().PID)); !strings.Contains(string(b), "\x00"+supervisor.Command+"\x00") {
+		t.Errorf("shim command line %q: not the supervisor", b)
+	}
 	// The supervisor runs with one P; its workload does not inherit that.
 	if env := procEnv(t, c.Info().PID); !slices.Contains(env, "GOMAXPROCS=1") {
 		t.Errorf("shim environment lacks GOMAXPROCS=1: %q", env)
@@ -119,7 +146,7 @@ func TestSpawnKill(t *testing.T) {
 	}
 	defer c2.Close()
 	st, err := c2.State(ctx)
-	if err != nil || !st.Running || st.ShimPID != c.Info().PID || st.Version != Version {
+	if err != nil || !st.Running || st.ShimPID != c.Info().PID || st.Version != supervisor.Version {
 		t.Fatalf("State = %+v, %v", st, err)
 	}
 	if ds := c2.DialState(); !ds.Running || ds.ShimPID != st.ShimPID || ds.InitPID != st.InitPID {
@@ -151,7 +178,7 @@ func TestSpawnKill(t *testing.T) {
 		t.Fatalf("second Kill: %v", err)
 	}
 	e, err := ReadExit(dir)
-	if err != nil || e.Signal != "killed" || e.Schema != SchemaVersion {
+	if err != nil || e.Signal != "SIGKILL" || e.Schema != SchemaVersion {
 		t.Errorf("exit record = %+v, %v", e, err)
 	}
 	if st, err := c.State(ctx); err != nil || st.Running {
@@ -192,6 +219,28 @@ func TestSpawnLaunchFailure(t *testing.T) {
 	_, err := Spawn(ctx, exe, dir)
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "launch refused") {
 		t.Fatalf("err = %v, want the launcher's error and kind", err)
+	}
+	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("shim.json written on failure: %v", err)
+	}
+}
+
+// A shim that cannot exec its supervisor reports why and leaves nothing of
+// its workload running.
+func TestSpawnSupervisorExecFailure(t *testing.T) {
+	exe, dir := setup(t, "badexec /bin/busybox sleep 1000")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := Spawn(ctx, exe, dir)
+	if err == nil || !strings.Contains(err.Error(), "exec supervisor") {
+		t.Fatalf("err = %v, want the failed exec", err)
+	}
+	cg, err := cgroup.Open(testCgroupParent, filepath.Base(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if procs, err := cg.Procs(); err != nil || len(procs) != 0 {
+		t.Errorf("workload left running: %v, %v", procs, err)
 	}
 	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("shim.json written on failure: %v", err)

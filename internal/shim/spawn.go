@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // spawned is what a successfully started shim reported.
@@ -123,7 +124,7 @@ func reap(cmd *exec.Cmd) {
 // that reported a failed start is not "vanished" because it has exited
 // since its hello: its own error wins.
 func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) {
-	var r report
+	var r supervisor.Report
 	if err := dec.Decode(&r); err != nil {
 		return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
 	}
@@ -132,7 +133,7 @@ func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) 
 		if err := hello(r.PID); err != nil {
 			vanished = fmt.Errorf("shim %d vanished: %w", r.PID, err)
 		}
-		r = report{}
+		r = supervisor.Report{}
 		if err := dec.Decode(&r); err != nil {
 			if vanished != nil {
 				return spawned{}, vanished

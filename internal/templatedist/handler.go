@@ -16,6 +16,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/errdefs/errhttp"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -94,7 +95,7 @@ func refOf(t template.Template) cluster.TemplateRef {
 	return cluster.TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}
 }
 
-func writeErr(w http.ResponseWriter, err error) { errdefs.WriteHTTP(w, err) }
+func writeErr(w http.ResponseWriter, err error) { errhttp.Write(w, err) }
 
 func cutPrefixFold(s, prefix string) (string, bool) {
 	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {

@@ -28,17 +28,12 @@ import (
 // probePath is the static probe binary, built once by TestMain.
 var probePath string
 
-// TestMain lets the test binary play `cube shim` and `cube sandbox-init`,
-// builds the probe, and runs the tests under a reaping parent (the shims
+// TestMain lets the test binary play `cube shim`, `cube sandbox-init` and
+// `cube supervise`, builds the probe, and runs the tests under a reaping parent (the shims
 // are detached and this machine's pid 1 does not reap).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "shim":
-			os.Exit(nsrt.ShimMain(os.Args[2:]))
-		case nsrt.InitCommand:
-			os.Exit(nsrt.InitMain(os.Args[2:]))
-		}
+	if code, ok := nsrt.Dispatch(os.Args[1:]); ok {
+		os.Exit(code)
 	}
 	if os.Geteuid() != 0 {
 		fmt.Println("test/security: skipped, needs root")

@@ -1,8 +1,4 @@
-// Package shim is the per-sandbox supervisor: a process detached from the
-// agent that starts and owns one sandbox's init, records itself in the
-// sandbox's state dir and serves a small HTTP API on a unix socket there,
-// plus the agent-side client that spawns, re-dials and stops it.
-package shim
+package supervisor
 
 import (
 	"encoding/json"
@@ -16,7 +12,7 @@ import (
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
-// Files in a sandbox state dir written by the shim.
+// Files in a sandbox state dir written by the shim and its supervisor.
 const (
 	InfoFile   = "shim.json" // Info, written once the sandbox is ready
 	ExitFile   = "exit.json" // ExitStatus, written when init has exited
@@ -27,8 +23,8 @@ const (
 // SchemaVersion is the version of the records below; readers refuse newer ones.
 const SchemaVersion = 1
 
-// Version is the shim's software version, reported in Info and State. Set it
-// at link time (-X github.com/cube-dev/cube/internal/shim.Version=...).
+// Version is the supervisor's software version, reported in Info and State.
+// Set it at link time (-X github.com/cube-dev/cube/internal/supervisor.Version=...).
 var Version = "dev"
 
 // Info is the shim's address record (shim.json).
@@ -39,6 +35,29 @@ type Info struct {
 	Version   string    `json:"version"`
 	Socket    string    `json:"socket"`
 	StartedAt time.Time `json:"startedAt"`
+}
+
+// State is the live view of a shim and its sandbox (GET /state).
+type State struct {
+	ShimPID   int       `json:"shimPid"`
+	InitPID   int       `json:"initPid"`
+	Running   bool      `json:"running"`
+	Frozen    bool      `json:"frozen"`
+	ExitCode  int       `json:"exitCode"`
+	Signal    string    `json:"signal,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+	ExitedAt  time.Time `json:"exitedAt,omitzero"`
+	Version   string    `json:"version"`
+}
+
+// Report is one line on a starting shim's status pipe (fd 3): first a
+// "hello" with the shim's pid, then "done" with the outcome.
+type Report struct {
+	Stage   string `json:"stage"`
+	PID     int    `json:"pid,omitempty"`
+	InitPID int    `json:"initPid,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Code    int    `json:"code,omitempty"` // errdefs.HTTPStatus of Error
 }
 
 // ExitStatus records how a sandbox's init ended (exit.json).

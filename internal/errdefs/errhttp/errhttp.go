@@ -1,0 +1,23 @@
+// Package errhttp writes errdefs errors as HTTP answers. It is apart from
+// errdefs so that code which only classifies errors (the per-sandbox
+// supervisor among it) does not link net/http.
+package errhttp
+
+import (
+	"encoding/json"
+	"net/http"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Write answers err as Cube's JSON error body {"code": <status>,
+// "message": "..."} with the status errdefs.HTTPStatus maps it to.
+func Write(w http.ResponseWriter, err error) {
+	status := errdefs.HTTPStatus(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{status, err.Error()})
+}
