@@ -1,9 +1,10 @@
 // Command cube-reaper is pid 1 of a sandbox: it starts envd (or, in a user
-// namespace, adopts the envd the runtime started) and reaps every orphan
-// the kernel hands it, forwarding termination signals to envd and exiting
-// with its status. It is a separate small binary so pid 1 costs a fraction
-// of envd's memory (envd can still reap for itself when it is pid 1, for
-// runtimes that start it directly).
+// namespace, adopts the envd the runtime started), reaps every orphan the
+// kernel hands it and exits with envd's status. It catches no signal: a
+// termination signal ends it, and with it the sandbox's pid namespace. It is
+// a separate small binary so pid 1 costs a fraction of envd's memory (envd
+// can still reap for itself when it is pid 1, for runtimes that start it
+// directly).
 //
 //	cube-reaper [--inherit-fd N] -- ARGV...   start ARGV (passing fd N on) and reap
 //	CUBE_REAP_PID=PID cube-reaper            reap until PID exits

@@ -166,6 +166,29 @@ func stopBinary(t *testing.T, cmd *exec.Cmd, exited *exitState) {
 	}
 }
 
+// stopPID1 sends SIGTERM to a pid 1 and checks that it ends, and its pid
+// namespace with it. The reaper catches no signal (it would cost two
+// threads per sandbox), so envd is not asked first: the runtime's default
+// action ends pid 1 and the kernel kills the rest of the namespace.
+func stopPID1(t *testing.T, cmd *exec.Cmd, exited *exitState, ns string) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pid 1 did not end on SIGTERM")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(processesIn(t, ns)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("processes of the pid namespace outlived its pid 1")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestBinary(t *testing.T) {
 	t.Parallel()
 	if os.Geteuid() != 0 {
@@ -255,7 +278,7 @@ func testPID1(t *testing.T, wrapper []string) {
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", orphan)); os.IsNotExist(err) {
-			stopBinary(t, cmd, exited)
+			stopPID1(t, cmd, exited, ns)
 			return
 		}
 		time.Sleep(20 * time.Millisecond) // no notification for another parent's child exiting
@@ -285,6 +308,26 @@ func findByNSPid(t *testing.T, ns, nsPid string) int {
 		}
 	}
 	return 0
+}
+
+// processesIn returns the host pids of the processes in pid namespace ns.
+func processesIn(t *testing.T, ns string) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil && l == ns {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 func statusField(pid int, key string) string {

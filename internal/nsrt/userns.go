@@ -38,7 +38,7 @@ import (
 //     /proc, /sys and /dev as without a user namespace.
 //  4. pid 1 sends B the resolved argv; B hardens itself (capabilities,
 //     no_new_privs, seccomp; all of these are per process) and execs the
-//     workload. pid 1 keeps only CAP_KILL, hardens itself the same way and
+//     workload. pid 1 drops every capability, hardens itself the same way and
 //     execs the reaper (Spec.Reaper), or reaps itself.
 
 // UserNS maps a sandbox's user and group ids 0..Size-1 to the host ids

@@ -12,12 +12,13 @@ import (
 )
 
 // reaperCapabilities are all pid 1 keeps once the workload runs in a user
-// namespace: it only reaps and forwards signals to the workload.
-var reaperCapabilities = []uintptr{unix.CAP_KILL}
+// namespace: none, it only reaps (it forwards no signal, see package
+// reaper).
+var reaperCapabilities []uintptr
 
 // runUserNS is pid 1's last step with a user namespace: the root is ready,
 // so it releases the workload (argv0 resolved in the new root) and becomes
-// the sandbox's reaper, in the host's user namespace with CAP_KILL only:
+// the sandbox's reaper, in the host's user namespace with no capability:
 // it execs Spec.Reaper or, without one, reaps in this process (exiting
 // with the workload's status). It returns only errors.
 func runUserNS(spec Spec, child *usernsChild, argv0 string) error {

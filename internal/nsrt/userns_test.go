@@ -94,6 +94,12 @@ func TestUserNamespace(t *testing.T) {
 			if got := statusIDs(t, init, "Uid:"); got != "0" {
 				t.Errorf("pid 1 host uid = %s, want 0", got)
 			}
+			// ...but without any capability: it only reaps.
+			for _, set := range []string{"CapEff:", "CapPrm:", "CapBnd:"} {
+				if got := statusIDs(t, init, set); got != "0000000000000000" {
+					t.Errorf("pid 1 %s %s, want none", set, got)
+				}
+			}
 			// Children are listed per thread (B is forked off another one).
 			// The workload may still be between readiness and its last exec
 			// (sh -> sleep): look again for a while.
