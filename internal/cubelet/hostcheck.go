@@ -19,6 +19,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nldump"
 )
 
 // Check is the outcome of one preflight check of the host.
@@ -251,7 +252,7 @@ func parseSockTable(r interface{ Read([]byte) (int, error) }, tcp bool) []uint16
 // checkRoutes runs in the host netns: no route other than Cube's own
 // transit route may overlap the node CIDR or the transit subnet.
 func checkRoutes(cfg Config) error {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list host routes: %w", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nldump"
 )
 
 // Dataplane is an open handle on one node's dataplane. Its methods are safe
@@ -179,7 +180,7 @@ func (d *Dataplane) Destroy(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	d.dropNFT()
-	if links, err := d.dp.LinkList(); err != nil {
+	if links, err := nldump.Retry(d.dp.LinkList); err != nil {
 		errs = append(errs, fmt.Errorf("list dataplane links: %w", err))
 	} else {
 		for _, l := range links {
@@ -316,7 +317,7 @@ func (d *Dataplane) deleteHostVeth() error {
 
 // hostAddrs lists the host's IPv4 addresses (sandboxes may not reach them).
 func (d *Dataplane) hostAddrs() ([]netip.Addr, error) {
-	addrs, err := d.host.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return d.host.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
@@ -334,7 +335,7 @@ func (d *Dataplane) hostAddrs() ([]netip.Addr, error) {
 
 // defaultRouteMTU is the MTU of the host's default-route link, or 1500.
 func (d *Dataplane) defaultRouteMTU() int {
-	routes, err := d.host.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.host.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return 1500
 	}
@@ -364,7 +365,7 @@ func isNotFound(err error) bool {
 // through another link (another Cube dataplane, a VPN, a bridge): host
 // traffic to the dataplane would go there instead.
 func (d *Dataplane) checkTransitFree() error {
-	routes, err := d.host.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.host.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list host routes: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nldump"
 )
 
 func TestDataplaneLifecycle(t *testing.T) {
@@ -64,7 +65,9 @@ func TestDataplaneLifecycle(t *testing.T) {
 	if len(newLinks) != 1 || newLinks[0] != cfg.HostVeth {
 		t.Errorf("new host links = %v, want [%s]", newLinks, cfg.HostVeth)
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +238,7 @@ func TestOpenAndAttachRepairHalfPairs(t *testing.T) {
 
 func hostLinkNames(t *testing.T) map[string]bool {
 	t.Helper()
-	links, err := netlink.LinkList()
+	links, err := nldump.Retry(netlink.LinkList)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +251,7 @@ func hostLinkNames(t *testing.T) map[string]bool {
 
 func firstGlobalHostIP(t *testing.T) netip.Addr {
 	t.Helper()
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,6 +299,70 @@ func TestIsHostRoute(t *testing.T) {
 	} {
 		if got := isHostRoute(tc.r, ip); got != tc.want {
 			t.Errorf("%s: isHostRoute = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// Listings and attaches must not fail while links come and go in the
+// dataplane (veths are deleted outside the dataplane lock, see Detach): the
+// kernel interrupts a link or route dump that races a change, and such a
+// dump is run again (nldump). Before, Endpoints and Attach failed with
+// "results may be incomplete or inconsistent".
+func TestDumpsSurviveLinkChurn(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	const n = 60
+	ip := cfg.NodeCIDR.Addr().Next().Next()
+	for i := range n {
+		if _, err := d.Attach(ctx, fmt.Sprintf("sbx-dump-%d", i), ip); err != nil {
+			t.Fatalf("Attach %d: %v", i, err)
+		}
+		ip = ip.Next()
+	}
+	h, err := netlink.NewHandleAt(d.dpNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	stop, churned := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				churned <- nil
+				return
+			default:
+			}
+			l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("churn%d", i%4)}, PeerName: fmt.Sprintf("churnp%d", i%4)}
+			if err := h.LinkAdd(l); err != nil {
+				churned <- err
+				return
+			}
+			if err := h.LinkDel(l); err != nil {
+				churned <- err
+				return
+			}
+		}
+	}()
+	for i := range 300 {
+		if _, err := d.Endpoints(ctx); err != nil {
+			t.Errorf("Endpoints during link churn (round %d): %v", i, err)
+			break
+		}
+		if _, err := d.Attach(ctx, "sbx-dump-0", cfg.NodeCIDR.Addr().Next().Next()); err != nil {
+			t.Errorf("Attach during link churn (round %d): %v", i, err)
+			break
+		}
+	}
+	close(stop)
+	if err := <-churned; err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := d.Detach(ctx, fmt.Sprintf("sbx-dump-%d", i)); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nldump"
 )
 
 var errNoDev = unix.ENODEV
@@ -148,7 +149,7 @@ func (d *Dataplane) configureDPSide(link netlink.Link, ip netip.Addr) error {
 	if err := d.dp.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", link.Attrs().Name, err)
 	}
-	routes, err := d.dp.RouteList(link, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
 	}
@@ -180,7 +181,7 @@ func (d *Dataplane) configureSandboxSide(sb *netlink.Handle, peer netlink.Link, 
 		}
 	}
 	want := hostIPNet(ip)
-	addrs, err := sb.AddrList(peer, netlink.FAMILY_V4)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return sb.AddrList(peer, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list sandbox addresses: %w", err)
 	}
@@ -329,13 +330,13 @@ func (d *Dataplane) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	}
 	defer unlock()
 	byOwner := map[string]*Endpoint{}
-	links, err := d.dp.LinkList()
+	links, err := nldump.Retry(d.dp.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list dataplane links: %w", err)
 	}
 	// One route dump for all links: a per-link RouteList dumps the whole
 	// table each time (filtered in user space), quadratic in sandboxes.
-	routes, err := d.dp.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list dataplane routes: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/nldump"
 	"github.com/cube-dev/cube/internal/nsrt"
 )
 
@@ -216,7 +217,7 @@ func probeKVM(path string) bool {
 }
 
 func gatherNetlink(f *Facts) {
-	links, err := netlink.LinkList()
+	links, err := nldump.Retry(netlink.LinkList)
 	if err != nil {
 		f.RoutesErr = fmt.Sprintf("list links: %v", err)
 		return
@@ -226,7 +227,7 @@ func gatherNetlink(f *Facts) {
 		names[l.Attrs().Index] = l.Attrs().Name
 		f.Links = append(f.Links, l.Attrs().Name)
 	}
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		f.RoutesErr = fmt.Sprintf("list routes: %v", err)
 		return
@@ -241,7 +242,7 @@ func gatherNetlink(f *Facts) {
 		}
 		f.Routes = append(f.Routes, Route{Dst: p, Dev: names[r.LinkIndex]})
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		f.RoutesErr = fmt.Sprintf("list addresses: %v", err)
 		return
