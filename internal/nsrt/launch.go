@@ -253,7 +253,7 @@ func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started 
 	}
 	go func() {
 		defer w.once.Do(func() { close(w.done) })
-		if err := init.WaitExited(); err == nil {
+		if err := init.Wait(context.Background()); err == nil {
 			// WNOWAIT: the supervisor after the exec reaps it.
 			w.status, _ = init.Status(false)
 		}

@@ -13,16 +13,15 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/pidfd"
 )
 
 // Client talks to one running shim. Close it when done.
 type Client struct {
 	stateDir string
 	info     Info
-	proc     *pidFD
+	proc     *pidfd.FD
 	http     *http.Client
 	dialed   State // what the shim answered when Dial checked it
 }
@@ -35,14 +34,14 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shim in %s: %w", stateDir, err)
 	}
-	proc, err := openPidFD(info.PID)
+	proc, err := pidfd.Open(info.PID)
 	if err != nil {
 		return nil, fmt.Errorf("shim %d in %s is gone: %w", info.PID, stateDir, errdefs.ErrNotFound)
 	}
 	c := newClient(stateDir, info, proc)
 	var st State
 	if err := c.call(ctx, http.MethodGet, "/state", &st); err != nil {
-		gone := errors.Is(err, errdefs.ErrNotFound) || proc.exitedWithin(ctx, dyingGrace)
+		gone := errors.Is(err, errdefs.ErrNotFound) || proc.ExitedWithin(ctx, dyingGrace)
 		c.Close()
 		if gone {
 			return nil, fmt.Errorf("shim %d in %s has exited: %w", info.PID, stateDir, errdefs.ErrNotFound)
@@ -68,7 +67,7 @@ const dyingGrace = 250 * time.Millisecond
 // a client from Spawn): a liveness probe needs no second round trip.
 func (c *Client) DialState() State { return c.dialed }
 
-func newClient(stateDir string, info Info, proc *pidFD) *Client {
+func newClient(stateDir string, info Info, proc *pidfd.FD) *Client {
 	sock := filepath.Join(stateDir, SocketFile)
 	return &Client{stateDir: stateDir, info: info, proc: proc, http: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -86,7 +85,7 @@ func (c *Client) Info() Info { return c.info }
 // keeps running.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
-	return c.proc.close()
+	return c.proc.Close()
 }
 
 // State returns the shim's live state. Once the shim has exited it is
@@ -97,7 +96,7 @@ func (c *Client) State(ctx context.Context) (State, error) {
 	if err == nil {
 		return st, nil
 	}
-	if !c.proc.exited() {
+	if !c.proc.Exited() {
 		return State{}, err
 	}
 	e, rerr := ReadExit(c.stateDir)
@@ -113,11 +112,11 @@ func (c *Client) State(ctx context.Context) (State, error) {
 // which takes its sandbox's init (and so its pid namespace) with it.
 // Killing an exited shim succeeds.
 func (c *Client) Kill(ctx context.Context) error {
-	if c.proc.exited() {
+	if c.proc.Exited() {
 		return nil
 	}
-	if err := c.call(ctx, http.MethodPost, "/kill", nil); err != nil && !c.proc.exited() {
-		if kerr := c.proc.kill(); kerr != nil {
+	if err := c.call(ctx, http.MethodPost, "/kill", nil); err != nil && !c.proc.Exited() {
+		if kerr := c.proc.Kill(); kerr != nil {
 			return fmt.Errorf("kill shim %d after %v: %w", c.info.PID, err, kerr)
 		}
 	}
@@ -125,7 +124,7 @@ func (c *Client) Kill(ctx context.Context) error {
 }
 
 // Wait blocks until the shim process has exited or ctx ends.
-func (c *Client) Wait(ctx context.Context) error { return c.proc.wait(ctx) }
+func (c *Client) Wait(ctx context.Context) error { return c.proc.Wait(ctx) }
 
 // Freeze pauses every process of the sandbox.
 func (c *Client) Freeze(ctx context.Context) error {
@@ -166,24 +165,24 @@ func (c *Client) call(ctx context.Context, method, path string, out any) error {
 
 // ExitWatch reports whether one shim process has exited, by its pidfd: a
 // poll, with no call to the shim. Close it when done.
-type ExitWatch struct{ p *pidFD }
+type ExitWatch struct{ p *pidfd.FD }
 
 // ExitWatch returns a watch on the shim this client reached. The pidfd
 // was opened before Dial asked the shim who it is, so it names that very
 // process, whatever pid reuse happens later.
 func (c *Client) ExitWatch() (*ExitWatch, error) {
-	fd, err := unix.FcntlInt(c.proc.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	p, err := c.proc.Dup()
 	if err != nil {
-		return nil, fmt.Errorf("duplicate pidfd of shim %d: %w", c.info.PID, err)
+		return nil, fmt.Errorf("shim %d: %w", c.info.PID, err)
 	}
-	return &ExitWatch{p: &pidFD{pid: c.info.PID, f: os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", c.info.PID))}}, nil
+	return &ExitWatch{p: p}, nil
 }
 
 // Exited reports whether the shim process has terminated.
-func (w *ExitWatch) Exited() bool { return w.p.exited() }
+func (w *ExitWatch) Exited() bool { return w.p.Exited() }
 
 // Close releases the pidfd.
-func (w *ExitWatch) Close() error { return w.p.close() }
+func (w *ExitWatch) Close() error { return w.p.Close() }
 
 type errorBody struct {
 	Error string `json:"error"`

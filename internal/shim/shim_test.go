@@ -55,7 +55,7 @@ func (w *procWorkload) Kill(ctx context.Context) error {
 	if err := child.Kill(); err != nil {
 		return err
 	}
-	return child.WaitExited()
+	return child.Wait(ctx)
 }
 func (w *procWorkload) Exec(path string, argv, env []string) error {
 	if w.badExec {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/pidfd"
 	"github.com/cube-dev/cube/internal/supervisor"
 )
 
@@ -55,10 +56,10 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 	// A pidfd for the child, opened before anything can reap it: a shim
 	// that fails its start reports and exits at once, and by the time its
 	// hello is read it may be gone (its report still in the pipe).
-	child, _ := openPidFD(cmd.Process.Pid)
+	child, _ := pidfd.Open(cmd.Process.Pid)
 	defer func() {
 		if child != nil {
-			child.close()
+			child.Close()
 		}
 	}()
 	// The shim is our child until we exit; reap it whenever it ends (the
@@ -72,14 +73,14 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 		_ = pr.SetReadDeadline(d)
 	}
 	dec := json.NewDecoder(pr)
-	var shim *pidFD
+	var shim *pidfd.FD
 	res, err := readReports(dec, func(pid int) error {
 		if child != nil && pid == cmd.Process.Pid {
 			shim, child = child, nil
 			return nil
 		}
 		var oerr error
-		shim, oerr = openPidFD(pid)
+		shim, oerr = pidfd.Open(pid)
 		return oerr
 	})
 	var c *Client
@@ -97,13 +98,13 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 			err = fmt.Errorf("shim did not report within the deadline: %w: %w", errdefs.ErrUnavailable, ctx.Err())
 		}
 		if shim != nil {
-			_ = shim.kill()
+			_ = shim.Kill()
 			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			if werr := shim.wait(wctx); werr != nil {
+			if werr := shim.Wait(wctx); werr != nil {
 				err = errors.Join(err, werr)
 			}
 			cancel()
-			shim.close()
+			shim.Close()
 		}
 	}
 	return c, err
@@ -113,9 +114,9 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 // goes through a pidfd on the runtime poller, so hundreds of live shims cost
 // no blocked OS threads; cmd.Wait then returns at once.
 func reap(cmd *exec.Cmd) {
-	if p, err := openPidFD(cmd.Process.Pid); err == nil {
-		_ = p.wait(context.Background())
-		p.close()
+	if p, err := pidfd.Open(cmd.Process.Pid); err == nil {
+		_ = p.Wait(context.Background())
+		p.Close()
 	}
 	_ = cmd.Wait()
 }

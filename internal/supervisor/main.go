@@ -165,7 +165,7 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 
 // waitInit blocks until the init has exited and reaps it.
 func waitInit(log *slog.Logger, init *Child) ExitStatus {
-	if err := init.WaitExited(); err != nil {
+	if err := init.Wait(context.Background()); err != nil {
 		log.Error("wait for init", "err", err)
 	}
 	e, err := init.Status(true)

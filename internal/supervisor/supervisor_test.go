@@ -230,7 +230,7 @@ func TestChild(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := ch.WaitExited(); err != nil {
+		if err := ch.Wait(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		// A look without reaping, then the reaping one: same answer.
