@@ -230,11 +230,6 @@ func (c *Cubelet) sandboxProcs(userns bool) (args, reaper []string, binds []nsrt
 	return append([]string{"/.cube/reaper", "--inherit-fd", "3", "--"}, envd...), nil, binds
 }
 
-func fileExists(path string) bool {
-	st, err := os.Stat(path)
-	return err == nil && st.Mode().IsRegular()
-}
-
 // userNSSlot is the sandbox's user namespace id range index: its IP's
 // offset in the node CIDR, unique among the node's live sandboxes.
 func userNSSlot(cidr netip.Prefix, ip netip.Addr) int {

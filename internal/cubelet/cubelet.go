@@ -19,6 +19,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/exepath"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
@@ -134,10 +135,10 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		return nil, fmt.Errorf("envd binary %s: %w (build it with `make build`)", cfg.EnvdPath, errdefs.ErrFailedPrecondition)
 	}
 	if cfg.ReaperPath == "" {
-		if p := filepath.Join(filepath.Dir(cfg.EnvdPath), ReaperName); fileExists(p) {
+		if p, ok := exepath.Sibling(cfg.EnvdPath, ReaperName); ok {
 			cfg.ReaperPath = p
 		}
-	} else if !fileExists(cfg.ReaperPath) {
+	} else if !exepath.Executable(cfg.ReaperPath) {
 		return nil, fmt.Errorf("reaper binary %s: %w (build it with `make build`)", cfg.ReaperPath, errdefs.ErrFailedPrecondition)
 	}
 	store, err := nodestore.Open(filepath.Join(cfg.StateDir, "node.db"))

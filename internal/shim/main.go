@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup/control"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/exepath"
 	"github.com/cube-dev/cube/internal/supervisor"
 )
 
@@ -104,8 +104,7 @@ func start(stateDir string, status *os.File, launch Launcher) error {
 // this binary's own `supervise` subcommand.
 func SupervisorCommand(args []string) (path string, argv []string) {
 	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), supervisor.BinaryName)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		if p, ok := exepath.Sibling(exe, supervisor.BinaryName); ok {
 			return p, append([]string{supervisor.BinaryName}, args...)
 		}
 	}
