@@ -94,10 +94,12 @@ type Cubelet struct {
 	dp        *cubevs.Dataplane
 	store     *nodestore.Store
 
-	// mu guards allocation decisions (IPs, host ports) and the per-sandbox
-	// locks map; the long create/destroy steps run under the sandbox's own lock.
-	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	// mu guards allocation decisions (IPs, host ports); the long
+	// create/destroy steps run under the sandbox's own lock (see lock).
+	mu sync.Mutex
+	// locksMu guards locks, the per-sandbox locks held or waited for.
+	locksMu sync.Mutex
+	locks   map[string]*idLock
 	// reserved holds IPs and ports handed out but not yet in a record.
 	reservedIPs   map[netip.Addr]bool
 	reservedPorts map[uint16]bool
@@ -152,7 +154,7 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	c := &Cubelet{
 		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store,
-		locks:         map[string]*sync.Mutex{},
+		locks:         map[string]*idLock{},
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},
 		pool:          pool{kick: make(chan struct{}, 1)},
@@ -201,16 +203,3 @@ func (cfg Config) sandboxesDir() string { return filepath.Join(cfg.StateDir, "sa
 // Runtime(), which is a pool slot's id for a sandbox made from a
 // pre-started slot.
 func (c *Cubelet) sandboxDir(name string) string { return filepath.Join(c.cfg.sandboxesDir(), name) }
-
-// lock serialises operations on one sandbox id.
-func (c *Cubelet) lock(id string) func() {
-	c.mu.Lock()
-	l, ok := c.locks[id]
-	if !ok {
-		l = &sync.Mutex{}
-		c.locks[id] = l
-	}
-	c.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}

@@ -345,3 +345,66 @@ func TestCleanupForUninstall(t *testing.T) {
 		t.Fatalf("cgroups left: %v", ids)
 	}
 }
+
+// A kill answers once the sandbox's processes are gone and everything it
+// owned is released; a second kill finds nothing.
+func TestKillLeavesNothing(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 0
+	c := n.start(t)
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.CreateSandbox(ctx, createReq("bg-kill")); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.store.Get("bg-kill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shimPID, initPID := sb.ShimPID(), sb.InitPID()
+	sb.Close()
+	if err := c.KillSandbox(ctx, "bg-kill"); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{shimPID, initPID} {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("process %d still there when the kill returned", pid)
+		}
+	}
+	if err := c.KillSandbox(ctx, "bg-kill"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("second kill: %v, want ErrNotFound", err)
+	}
+	assertClean(t, c)
+}
+
+// A sandbox left "deleting" (a kill that failed part-way: the processes are
+// gone, a release step failed) is finished by the maintain loop's retry
+// instead of waiting for the next restart.
+func TestFinishDeletesRetriesFailedReleases(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = 0
+	c := n.start(t)
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.CreateSandbox(ctx, createReq("half-gone")); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := c.store.Get("half-gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a kill whose release failed leaves: a deleting record, the
+	// processes gone, everything else still there.
+	if killErr, err := c.stop(ctx, rec); err != nil || killErr != nil {
+		t.Fatal(err, killErr)
+	}
+	if got, err := c.store.Get("half-gone"); err != nil || got.State != nodestore.StateDeleting {
+		t.Fatalf("record = %+v, %v; want deleting", got, err)
+	}
+	c.finishDeletes(ctx)
+	assertClean(t, c)
+}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -363,7 +362,7 @@ func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, 
 	}
 	return &Cubelet{
 		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store,
-		locks:         map[string]*sync.Mutex{},
+		locks:         map[string]*idLock{},
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},
 	}

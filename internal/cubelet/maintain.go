@@ -24,6 +24,7 @@ func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			c.reapDead(ctx)
+			c.finishDeletes(ctx)
 		}
 	}
 }
@@ -64,4 +65,25 @@ func (c *Cubelet) reapDead(ctx context.Context) []string {
 		}
 	}
 	return reaped
+}
+
+// finishDeletes retries the teardown of sandboxes left "deleting": a kill
+// whose background release failed (KillSandbox), or one that failed
+// outright. A release still in flight holds the sandbox's lock; once it
+// has it, the record is gone and there is nothing to do.
+func (c *Cubelet) finishDeletes(ctx context.Context) {
+	recs, _ := c.store.List()
+	for _, r := range recs {
+		if r.State != nodestore.StateDeleting || ctx.Err() != nil {
+			continue
+		}
+		unlock := c.lock(r.ID)
+		cur, err := c.store.Get(r.ID)
+		if err == nil && cur.State == nodestore.StateDeleting {
+			if err := c.teardown(ctx, cur); err != nil {
+				c.log.Warn("finish deleting sandbox", "sandbox", r.ID, "err", err)
+			}
+		}
+		unlock()
+	}
 }
