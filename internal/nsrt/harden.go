@@ -27,7 +27,9 @@ var SandboxCapabilities = []uintptr{
 }
 
 // maskedPaths are hidden from the sandbox as OCI runtimes do: files are
-// covered with /dev/null, directories with an empty read-only tmpfs. They
+// covered with /dev/null, directories with an empty read-only tmpfs (one
+// per sandbox, bound over each: every superblock costs the kernel memory in
+// every memory cgroup's shrinker bookkeeping, see docs/benchmarks.md). They
 // expose host kernel memory, keys, timers or hardware.
 var maskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -50,8 +52,9 @@ func protectKernelFiles(userns bool) error {
 	if userns {
 		_ = os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0)
 	}
+	emptyDir := ""
 	for _, p := range maskedPaths {
-		if err := maskPath(p); err != nil {
+		if err := maskPath(p, &emptyDir); err != nil {
 			return fmt.Errorf("mask %s: %w", p, err)
 		}
 	}
@@ -63,7 +66,9 @@ func protectKernelFiles(userns bool) error {
 	return nil
 }
 
-func maskPath(p string) error {
+// maskPath covers p: a file with /dev/null, a directory with the empty
+// read-only tmpfs at *emptyDir, mounting it there first if *emptyDir is "".
+func maskPath(p string, emptyDir *string) error {
 	fi, err := os.Lstat(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -71,10 +76,18 @@ func maskPath(p string) error {
 	if err != nil {
 		return err
 	}
-	if fi.IsDir() {
-		return unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=555")
+	if !fi.IsDir() {
+		return unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
 	}
-	return unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+	if *emptyDir != "" {
+		// A bind keeps the mount's flags: read-only, nosuid, nodev, noexec.
+		return unix.Mount(*emptyDir, p, "", unix.MS_BIND, "")
+	}
+	if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=555"); err != nil {
+		return err
+	}
+	*emptyDir = p
+	return nil
 }
 
 func readonlyPath(p string) error {

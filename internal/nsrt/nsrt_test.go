@@ -91,6 +91,27 @@ func TestSandboxLifecycle(t *testing.T) {
 	if fi, err := os.Stat(root + "/dev/null"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
 		t.Errorf("/dev/null in sandbox: %v, %v", fi, err)
 	}
+	// Masked directories are empty, read-only, and share one tmpfs.
+	var masks []uint64
+	for _, d := range []string{"/proc/acpi", "/sys/firmware"} {
+		fi, err := os.Stat(root + d)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ents, _ := os.ReadDir(root + d); len(ents) != 0 {
+			t.Errorf("masked %s shows %d entries", d, len(ents))
+		}
+		if err := os.WriteFile(root+d+"/x", nil, 0o644); !errors.Is(err, syscall.EROFS) {
+			t.Errorf("write into masked %s: %v, want EROFS", d, err)
+		}
+		masks = append(masks, fi.Sys().(*syscall.Stat_t).Dev)
+	}
+	if len(masks) == 2 && masks[0] != masks[1] {
+		t.Errorf("masked directories on devices %v: want one tmpfs for all", masks)
+	}
 	// Network namespace joined.
 	if got, want := inode(t, "/proc/"+strconv.Itoa(init)+"/ns/net"), inode(t, netns); got != want {
 		t.Errorf("init netns inode %s, want %s", got, want)
