@@ -346,21 +346,28 @@ func TestCleanupForUninstall(t *testing.T) {
 	}
 }
 
-// A kill answers once the sandbox's processes are gone and everything it
-// owned is released; a second kill finds nothing.
-func TestKillLeavesNothing(t *testing.T) {
+// startWithOneSandbox starts a cubelet without a pool and creates sandbox
+// id on it (n.start closes the cubelet when the test ends).
+func startWithOneSandbox(t *testing.T, id string) (*Cubelet, nodestore.Sandbox) {
+	t.Helper()
 	n := newTestNode(t)
 	n.cfg.PoolSize = 0
 	c := n.start(t)
-	defer c.Close()
-	ctx := context.Background()
-	if _, err := c.CreateSandbox(ctx, createReq("bg-kill")); err != nil {
+	if _, err := c.CreateSandbox(context.Background(), createReq(id)); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := c.store.Get("bg-kill")
+	rec, err := c.store.Get(id)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, rec
+}
+
+// A kill answers once the sandbox's processes are gone and everything it
+// owned is released; a second kill finds nothing.
+func TestKillLeavesNothing(t *testing.T) {
+	c, rec := startWithOneSandbox(t, "bg-kill")
+	ctx := context.Background()
 	sb, err := nsrt.Attach(ctx, c.sandboxDir(rec.Runtime()))
 	if err != nil {
 		t.Fatal(err)
@@ -385,18 +392,8 @@ func TestKillLeavesNothing(t *testing.T) {
 // gone, a release step failed) is finished by the maintain loop's retry
 // instead of waiting for the next restart.
 func TestFinishDeletesRetriesFailedReleases(t *testing.T) {
-	n := newTestNode(t)
-	n.cfg.PoolSize = 0
-	c := n.start(t)
-	defer c.Close()
+	c, rec := startWithOneSandbox(t, "half-gone")
 	ctx := context.Background()
-	if _, err := c.CreateSandbox(ctx, createReq("half-gone")); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := c.store.Get("half-gone")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// What a kill whose release failed leaves: a deleting record, the
 	// processes gone, everything else still there.
 	if killErr, err := c.stop(ctx, rec); err != nil || killErr != nil {
