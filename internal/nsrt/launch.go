@@ -271,18 +271,19 @@ func startInit(spec Spec, stateDir string, files []*os.File, w *workload) (err e
 	if spec.NetNSPath == "" {
 		flags |= unix.CLONE_NEWNET
 	} else {
-		restore, err := enterNetNS(spec.NetNSPath)
-		if err != nil {
-			return err
+		restore, jerr := enterNetNS(spec.NetNSPath)
+		if jerr != nil {
+			return jerr
 		}
 		defer func() {
-			if rerr := restore(); rerr != nil && err == nil {
+			if rerr := restore(); rerr != nil {
 				// The thread would carry the sandbox's netns into the
-				// supervisor; give up on this start.
-				if w.pid > 0 {
+				// supervisor; give up on this start (the locked thread
+				// exits with runInit's goroutine).
+				if err == nil {
 					_ = syscall.Kill(w.pid, syscall.SIGKILL)
 				}
-				err = rerr
+				err = errors.Join(err, rerr)
 			}
 		}()
 	}
