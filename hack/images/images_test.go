@@ -21,7 +21,7 @@ import (
 // digest.
 func TestLayouts(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds cube, envd, cube-shim and cube-reaper (minutes on a cold build cache)")
+		t.Skip("builds cube, envd, cube-shim, cube-supervisor and cube-reaper (minutes on a cold build cache)")
 	}
 	bin := t.TempDir()
 	if err := buildBinaries(context.Background(), bin, "v9.8.7"); err != nil {
