@@ -34,7 +34,10 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv("CUBE_TEST_SILENT_SHIM"); sock != "" {
 		os.Exit(silentShim(sock, os.Getenv("CUBE_TEST_SILENT_FOR")))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// The fake workloads' cgroups are removed per test; their parent here.
+	_ = cgroup.DeleteEverywhere(context.Background(), testCgroupParent)
+	os.Exit(code)
 }
 
 // procWorkload is a plain child process in a cgroup of its own.
