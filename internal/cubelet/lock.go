@@ -8,10 +8,9 @@ type idLock struct {
 	refs int
 }
 
-// lock serialises operations on one sandbox id. The returned unlock may be
-// called from another goroutine (a kill's background release holds it).
-// An id's entry goes when its last holder or waiter is done, so the map
-// does not grow with every sandbox the node ever ran.
+// lock serialises operations on one sandbox id. An id's entry goes when
+// its last holder or waiter is done, so the map does not grow with every
+// sandbox the node ever ran.
 func (c *Cubelet) lock(id string) func() {
 	c.locksMu.Lock()
 	l := c.locks[id]

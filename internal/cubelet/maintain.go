@@ -67,10 +67,10 @@ func (c *Cubelet) reapDead(ctx context.Context) []string {
 	return reaped
 }
 
-// finishDeletes retries the teardown of sandboxes left "deleting": a kill
-// whose background release failed (KillSandbox), or one that failed
-// outright. A release still in flight holds the sandbox's lock; once it
-// has it, the record is gone and there is nothing to do.
+// finishDeletes retries the teardown of sandboxes left "deleting" by a
+// kill or a failed create's cleanup that failed part-way. One still in
+// progress holds the sandbox's lock; once finishDeletes has it, the record
+// is gone or no longer deleting and there is nothing to do.
 func (c *Cubelet) finishDeletes(ctx context.Context) {
 	recs, _ := c.store.List()
 	for _, r := range recs {

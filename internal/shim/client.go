@@ -15,6 +15,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/pidfd"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // Client talks to one running shim. Close it when done.
@@ -150,7 +151,7 @@ func (c *Client) call(ctx context.Context, method, path string, out any) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb errorBody
+		var eb supervisor.ErrorBody
 		_ = json.NewDecoder(resp.Body).Decode(&eb)
 		return fmt.Errorf("shim %d %s %s: %s: %w", c.info.PID, method, path, eb.Error, kindOf(resp.StatusCode))
 	}
@@ -183,10 +184,6 @@ func (w *ExitWatch) Exited() bool { return w.p.Exited() }
 
 // Close releases the pidfd.
 func (w *ExitWatch) Close() error { return w.p.Close() }
-
-type errorBody struct {
-	Error string `json:"error"`
-}
 
 // kindOf maps an HTTP status (as produced by errdefs.HTTPStatus) back to an
 // error kind, so errors.Is works across the socket.

@@ -19,9 +19,6 @@ import (
 // Command is the subcommand of the cube binary that runs Main.
 const Command = "shim"
 
-// statusFD is the fd on which a starting shim reports to the agent.
-const statusFD = 3
-
 // Workload is a started sandbox, as its launcher hands it over.
 type Workload interface {
 	// Pid is the host pid of the init, a child of this process.
@@ -60,7 +57,7 @@ func Main(args []string, launch Launcher) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("stateDir", *stateDir)
-	status := os.NewFile(statusFD, "status")
+	status := os.NewFile(supervisor.StatusFD, "status")
 	if *stateDir == "" || status == nil {
 		log.Error("shim needs --state-dir and a status pipe on fd 3")
 		return 2

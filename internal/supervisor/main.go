@@ -36,9 +36,6 @@ const Command = "supervise"
 // BinaryName is the small static binary that runs only Main.
 const BinaryName = "cube-supervisor"
 
-// statusFD is the fd on which a starting shim reports to the agent.
-const statusFD = 3
-
 // Args returns the arguments (after the binary or Command) that hand the
 // sandbox whose init is initPID and whose cgroup is cg over to Main.
 func Args(stateDir string, initPID int, cg control.Group) []string {
@@ -58,7 +55,7 @@ func Main(args []string) int {
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("stateDir", *stateDir)
-	status := os.NewFile(statusFD, "status")
+	status := os.NewFile(StatusFD, "status")
 	var cg control.Group
 	if err := json.Unmarshal([]byte(*cgJSON), &cg); err != nil || *stateDir == "" || *initPID <= 0 || status == nil {
 		log.Error("supervisor needs --state-dir, --init-pid, --cgroup and a status pipe on fd 3", "cgroup", *cgJSON, "err", err)

@@ -50,7 +50,17 @@ type State struct {
 	Version   string    `json:"version"`
 }
 
-// Report is one line on a starting shim's status pipe (fd 3): first a
+// StatusFD is the fd of a starting shim's status pipe, on which the shim
+// and then the supervisor report to the agent (see Report).
+const StatusFD = 3
+
+// ErrorBody is the shim API's answer to a failed request, with the status
+// errdefs.HTTPStatus gives the error.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
+
+// Report is one line on a starting shim's status pipe (StatusFD): first a
 // "hello" with the shim's pid, then "done" with the outcome.
 type Report struct {
 	Stage   string `json:"stage"`

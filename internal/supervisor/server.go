@@ -95,7 +95,7 @@ func (s *server) handle(c net.Conn) {
 	_ = c.SetReadDeadline(time.Now().Add(headerTimeout))
 	method, path, err := readRequest(bufio.NewReaderSize(c, 512))
 	if err != nil {
-		writeResponse(c, 400, errorBody{Error: err.Error()})
+		writeResponse(c, 400, ErrorBody{Error: err.Error()})
 		return
 	}
 	code, body := s.route(method, path)
@@ -108,15 +108,15 @@ func (s *server) route(method, path string) (int, any) {
 	switch path {
 	case "/state":
 		if method != "GET" {
-			return 405, errorBody{Error: "method " + method + " not allowed on " + path}
+			return 405, ErrorBody{Error: "method " + method + " not allowed on " + path}
 		}
 		return 200, s.snapshot()
 	case "/kill", "/freeze", "/thaw":
 		if method != "POST" {
-			return 405, errorBody{Error: "method " + method + " not allowed on " + path}
+			return 405, ErrorBody{Error: "method " + method + " not allowed on " + path}
 		}
 	default:
-		return 404, errorBody{Error: path + " not found"}
+		return 404, ErrorBody{Error: path + " not found"}
 	}
 	var err error
 	switch path {
@@ -128,7 +128,7 @@ func (s *server) route(method, path string) (int, any) {
 		err = s.setFrozen(false)
 	}
 	if err != nil {
-		return errdefs.HTTPStatus(err), errorBody{Error: err.Error()}
+		return errdefs.HTTPStatus(err), ErrorBody{Error: err.Error()}
 	}
 	return 200, s.snapshot()
 }
@@ -170,10 +170,6 @@ func (s *server) setFrozen(frozen bool) error {
 	s.state.Frozen = frozen
 	s.mu.Unlock()
 	return nil
-}
-
-type errorBody struct {
-	Error string `json:"error"`
 }
 
 // readRequest reads a request line and its headers and returns the method
