@@ -41,6 +41,10 @@ generate: ## Regenerate protobuf/Connect code (committed).
 check-generate: generate ## Fail when committed generated code is stale.
 	@git add -N api/gen && git diff --exit-code -- api/gen || { echo "generated code is stale: run make generate and commit"; exit 1; }
 
+.PHONY: fresh-check
+fresh-check: ## In a fresh Debian root (chroot): a fresh clone of HEAD runs make deps, check-generate, build (~5-8 min).
+	bash hack/fresh-machine-check.sh
+
 .PHONY: up
 up: deps build ## Start all-in-one Cube on this machine (server + cubelet, SQLite, template base).
 	$(BIN)/cube up --listen $(LISTEN) --data-dir $(DATA_DIR)
@@ -62,8 +66,11 @@ e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then aga
 	bash test/e2e/run.sh $(BIN)/cube
 	CUBE_E2E_MODE=cluster bash test/e2e/run.sh $(BIN)/cube
 
+# The fresh-machine check runs under CI=true (CI's machines are fresh; a
+# developer's is not, which is the point of the check): make FRESH_CHECK=1 test.
+FRESH_CHECK ?= $(if $(CI),1,)
 .PHONY: test
-test: deps build vet check-generate unit e2e ## Everything CI runs.
+test: deps build vet check-generate $(if $(FRESH_CHECK),fresh-check,) unit e2e ## Everything CI runs.
 	@echo "make test: all suites passed"
 
 BENCH_FLAGS ?=

@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # postgresql: the store, leader and HA tests start throwaway servers from its
 # binaries (internal/pgtest); they fail under CI=1 when it is missing.
-APT_PACKAGES=(iproute2 nftables debootstrap busybox-static protobuf-compiler psmisc ca-certificates procps e2fsprogs postgresql)
+APT_PACKAGES=(iproute2 nftables debootstrap busybox-static psmisc ca-certificates procps e2fsprogs postgresql)
 E2E_DIR="$ROOT/test/e2e"
 
 die() {
