@@ -28,7 +28,7 @@ import (
 var epoch = time.Unix(0, 0).UTC()
 
 // Binaries are the static programs an image can carry, built like `make
-// build` but with CGO_ENABLED=0 for cube too (scratch has no libc).
+// build` but with CGO_ENABLED=0 for cube too, like the Dockerfiles.
 var Binaries = map[string]string{
 	"cube":            "github.com/cube-dev/cube/cmd/cube",
 	"envd":            "github.com/cube-dev/cube/cmd/envd",
@@ -37,9 +37,13 @@ var Binaries = map[string]string{
 	"cube-reaper":     "github.com/cube-dev/cube/cmd/cube-reaper",
 }
 
-// Spec describes one image: which binary goes where, and its config.
+// Spec describes one image: the Debian packages of its base, which binary
+// goes where, and its config.
 type Spec struct {
-	Name       string
+	Name string
+	// Packages installed over Debian minbase, as the Dockerfile's
+	// `apt-get install --no-install-recommends` lists them.
+	Packages   []string
 	Files      map[string]string // path in the image -> binary name
 	Entrypoint []string
 	Cmd        []string
@@ -49,7 +53,8 @@ type Spec struct {
 }
 
 // Specs are the four images the chart uses (values images.*), named like
-// deploy/images/<name>.
+// deploy/images/<name>, with the packages their Dockerfiles install
+// (TestSpecsMatchDockerfiles keeps the two lists equal).
 func Specs(ver string) []Spec {
 	labels := func(title string) map[string]string {
 		return map[string]string{
@@ -63,12 +68,16 @@ func Specs(ver string) []Spec {
 	return []Spec{
 		{
 			Name:       "cube-server",
+			Packages:   []string{"ca-certificates"},
 			Files:      map[string]string{"/usr/local/bin/cube": "cube"},
 			Entrypoint: cube, Cmd: []string{"server"},
 			Env: env, WorkingDir: "/var/lib/cube", Labels: labels("cube-server"),
 		},
 		{
 			Name: "cubelet",
+			// mkfs.ext4 for sandbox disks; debootstrap (+ ca-certificates)
+			// for the base template; ip for diagnostics.
+			Packages: []string{"ca-certificates", "debootstrap", "e2fsprogs", "iproute2"},
 			Files: map[string]string{
 				"/usr/local/bin/cube":            "cube",
 				"/usr/local/bin/envd":            "envd",
@@ -95,6 +104,7 @@ func Specs(ver string) []Spec {
 		},
 		{
 			Name:       "node-init",
+			Packages:   []string{"ca-certificates"},
 			Files:      map[string]string{"/usr/local/bin/cube": "cube"},
 			Entrypoint: cube, Cmd: []string{"preflight"},
 			Env: env, WorkingDir: "/", Labels: labels("cube-node-init"),
@@ -123,9 +133,10 @@ func buildBinaries(ctx context.Context, dir, ver string) error {
 	return nil
 }
 
-// Image assembles spec from the binaries in bin: one layer on an empty
-// base, a fixed creation time, linux/GOARCH, OCI media types throughout.
-func Image(spec Spec, bin string) (v1.Image, error) {
+// Image assembles spec: the Debian base layers, then one layer with the
+// binaries from bin; a fixed creation time, linux/GOARCH, OCI media types
+// throughout.
+func Image(spec Spec, base []v1.Layer, bin string) (v1.Image, error) {
 	tarBytes, err := layerTar(spec.Files, bin)
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", spec.Name, err)
@@ -136,8 +147,20 @@ func Image(spec Spec, bin string) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image %s: layer: %w", spec.Name, err)
 	}
-	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
-	img, err := mutate.Append(base, mutate.Addendum{
+	img := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	for i, l := range base {
+		what := "debootstrap --variant=minbase (debian:bookworm-slim)"
+		if i > 0 {
+			what = "debootstrap --include=" + strings.Join(sortedCopy(spec.Packages), ",")
+		}
+		if img, err = mutate.Append(img, mutate.Addendum{
+			Layer:   l,
+			History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "hack/images: " + what, Comment: "debian base"},
+		}); err != nil {
+			return nil, fmt.Errorf("image %s: %w", spec.Name, err)
+		}
+	}
+	img, err = mutate.Append(img, mutate.Addendum{
 		Layer:   layer,
 		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "hack/images: " + spec.Name, Comment: "static cube binaries"},
 	})
@@ -163,10 +186,10 @@ func Image(spec Spec, bin string) (v1.Image, error) {
 	return img, nil
 }
 
-// WriteLayout writes spec as a fresh OCI image layout at dir (replacing
-// what was there) and returns the image digest.
-func WriteLayout(dir string, spec Spec, bin string) (v1.Hash, error) {
-	img, err := Image(spec, bin)
+// WriteLayout writes spec over the base layers as a fresh OCI image layout
+// at dir (replacing what was there) and returns the image digest.
+func WriteLayout(dir string, spec Spec, base []v1.Layer, bin string) (v1.Hash, error) {
+	img, err := Image(spec, base, bin)
 	if err != nil {
 		return v1.Hash{}, err
 	}

@@ -4,53 +4,128 @@ import (
 	"archive/tar"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// TestLayouts builds the real static binaries, writes every image as an OCI
-// layout, reopens it from disk and checks what a runtime would see: the
-// config, the files and their modes, and that a rebuild gives the same
-// digest.
-func TestLayouts(t *testing.T) {
+// built is what every image test shares: the binaries and the layouts of
+// one `make images`, built once per test binary.
+var built struct {
+	once    sync.Once
+	err     error
+	bin     string
+	out     string
+	digests map[string]v1.Hash
+	deb     *Debian
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for _, d := range []string{built.bin, built.out} {
+		if d != "" {
+			_ = os.RemoveAll(d)
+		}
+	}
+	os.Exit(code)
+}
+
+// buildAll builds the binaries and every image like `make images`, with
+// the Debian cache `make images` uses (cold: debootstrap, minutes).
+func buildAll(t *testing.T) {
+	t.Helper()
 	if testing.Short() {
-		t.Skip("builds cube, envd, cube-shim, cube-supervisor and cube-reaper (minutes on a cold build cache)")
+		t.Skip("builds cube, envd, cube-shim, cube-supervisor and cube-reaper and debootstraps Debian (minutes when cold)")
 	}
-	bin := t.TempDir()
-	if err := buildBinaries(context.Background(), bin, "v9.8.7"); err != nil {
-		t.Fatal(err)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: debootstrap makes the Debian base (run `make images` as root)")
 	}
-	out := t.TempDir()
+	built.once.Do(func() {
+		built.err = func() error {
+			var err error
+			if built.bin, err = os.MkdirTemp("", "cube-images-bin-"); err != nil {
+				return err
+			}
+			if built.out, err = os.MkdirTemp("", "cube-images-out-"); err != nil {
+				return err
+			}
+			if err := buildBinaries(context.Background(), built.bin, "v9.8.7"); err != nil {
+				return err
+			}
+			built.deb = NewDebian(filepath.Join(cacheDir(), "images"))
+			built.digests = map[string]v1.Hash{}
+			for _, spec := range Specs("v9.8.7") {
+				base, err := built.deb.Layers(context.Background(), spec.Packages)
+				if err != nil {
+					return err
+				}
+				d, err := WriteLayout(filepath.Join(built.out, spec.Name), spec, base, built.bin)
+				if err != nil {
+					return err
+				}
+				built.digests[spec.Name] = d
+			}
+			return nil
+		}()
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+}
+
+// TestLayouts reopens every image layout from disk and checks what a
+// runtime would see: the config, the layers, the binaries and their modes,
+// and that a rebuild gives the same digest.
+func TestLayouts(t *testing.T) {
+	buildAll(t)
 	for _, spec := range Specs("v9.8.7") {
 		t.Run(spec.Name, func(t *testing.T) {
-			dir := filepath.Join(out, spec.Name)
-			want, err := WriteLayout(dir, spec, bin)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dir := filepath.Join(built.out, spec.Name)
 			img := openOnly(t, dir)
-			if d, _ := img.Digest(); d != want {
-				t.Fatalf("layout holds %s, WriteLayout returned %s", d, want)
+			if d, _ := img.Digest(); d != built.digests[spec.Name] {
+				t.Fatalf("layout holds %s, WriteLayout returned %s", d, built.digests[spec.Name])
 			}
 			checkConfig(t, img, spec)
 			checkFiles(t, img, spec)
 
-			// Rebuild into a second layout: same bytes, same digest.
-			again, err := WriteLayout(filepath.Join(out, spec.Name+"-again"), spec, bin)
+			// Rebuild into a second layout from the same cache: same bytes,
+			// same digest.
+			base, err := built.deb.Layers(context.Background(), spec.Packages)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if again != want {
-				t.Errorf("rebuild digest %s, first build %s: the image is not reproducible", again, want)
+			again, err := WriteLayout(filepath.Join(t.TempDir(), spec.Name), spec, base, built.bin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again != built.digests[spec.Name] {
+				t.Errorf("rebuild digest %s, first build %s: the image is not reproducible", again, built.digests[spec.Name])
 			}
 		})
+	}
+	// The Debian minbase layer is one blob for all four images.
+	var first v1.Hash
+	for i, spec := range Specs("v9.8.7") {
+		layers, err := openOnly(t, filepath.Join(built.out, spec.Name)).Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := layers[0].Digest()
+		if i == 0 {
+			first = d
+		} else if d != first {
+			t.Errorf("%s: base layer %s, %s has %s: the minbase layer is not shared", spec.Name, d, Specs("")[0].Name, first)
+		}
 	}
 }
 
@@ -113,19 +188,27 @@ func checkConfig(t *testing.T, img v1.Image, spec Spec) {
 	}
 }
 
+// checkFiles checks the layers: Debian minbase, the packages (when the
+// image has any), then the binaries.
 func checkFiles(t *testing.T, img v1.Image, spec Spec) {
 	t.Helper()
 	layers, err := img.Layers()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(layers) != 1 {
-		t.Fatalf("%d layers, want 1", len(layers))
+	want := 2
+	if len(spec.Packages) > 0 {
+		want = 3
 	}
-	if mt, _ := layers[0].MediaType(); mt != types.OCILayer {
-		t.Errorf("layer media type %s, want %s", mt, types.OCILayer)
+	if len(layers) != want {
+		t.Fatalf("%d layers, want %d (minbase, packages when any, binaries)", len(layers), want)
 	}
-	rc, err := layers[0].Uncompressed()
+	for _, l := range layers {
+		if mt, _ := l.MediaType(); mt != types.OCILayer {
+			t.Errorf("layer media type %s, want %s", mt, types.OCILayer)
+		}
+	}
+	rc, err := layers[len(layers)-1].Uncompressed()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +228,7 @@ func checkFiles(t *testing.T, img v1.Image, spec Spec) {
 		}
 		p := "/" + h.Name
 		if _, ok := spec.Files[p]; !ok {
-			t.Errorf("unexpected file %s in the layer", p)
+			t.Errorf("unexpected file %s in the binaries layer", p)
 			continue
 		}
 		seen[p] = true
@@ -164,4 +247,29 @@ func checkFiles(t *testing.T, img v1.Image, spec Spec) {
 			t.Errorf("%s missing from the layer", p)
 		}
 	}
+}
+
+// specByName returns the spec named name.
+func specByName(t *testing.T, name string) Spec {
+	t.Helper()
+	for _, s := range Specs("v9.8.7") {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no image %s", name)
+	return Spec{}
+}
+
+// unpack flattens the image of layout dir the way a runtime does
+// (whiteouts applied) into a fresh directory.
+func unpack(t *testing.T, dir string) string {
+	t.Helper()
+	rc := mutate.Extract(openOnly(t, dir))
+	defer rc.Close()
+	root := t.TempDir()
+	if err := extractTar(rc, root); err != nil {
+		t.Fatal(fmt.Errorf("unpack %s: %w", dir, err))
+	}
+	return root
 }

@@ -43,6 +43,7 @@ type AllInOneConfig struct {
 	PoolPrestart      bool            // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
 	CreateParallelism int             // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
 	UserNS            nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
+	HostMountNS       string          // mount namespace shims start in: auto ("" too), off or a path (see cubelet.Config)
 	RateLimits        *api.RateLimits // per-API-key limits; nil = api.DefaultRateLimits
 	Network           cubevs.Config
 	Logger            *slog.Logger
@@ -90,6 +91,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		PoolSize:          cfg.PoolSize,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
+		HostMountNS:       cfg.HostMountNS,
 		PoolPrestart:      cfg.PoolPrestart,
 		Network:           cfg.Network,
 		Logger:            log.With("role", "cubelet"),

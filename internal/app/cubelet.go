@@ -47,6 +47,7 @@ type CubeletConfig struct {
 	PoolPrestart      bool            // slots are pre-started sandboxes of template base
 	CreateParallelism int             // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
 	UserNS            nsrt.UserNSMode // sandbox user namespaces: auto ("" too), on, off
+	HostMountNS       string          // mount namespace shims start in: auto ("" too), off or a path (see cubelet.Config)
 	Capacity          *nodev1.Capacity
 	Network           cubevs.Config
 	Logger            *slog.Logger
@@ -72,6 +73,7 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolPrestart: cfg.PoolPrestart,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
+		HostMountNS:       cfg.HostMountNS,
 		Fetcher:           &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
 	}, templates)
 	if err != nil {

@@ -36,7 +36,7 @@ func commands() map[string]command {
 
 		"preflight": {"check that this host can run a Cube node (exit 1 on failure)", runPreflight},
 		"prep":      {"preflight, then prepare the node and write the prep fingerprint", runPrep},
-		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, stop-cubelet, node-controller, release-nodes", runKubeAll},
+		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, share-mounts, stop-cubelet, node-controller, release-nodes", runKubeAll},
 	}
 }
 

@@ -205,7 +205,7 @@ func recordPrepFailure(stderr io.Writer, dir string, f preflight.Failure) {
 }
 
 // kubeVerbs are the verbs of `cube kube`.
-const kubeVerbs = "hostnet-preflight|wait-prep|install-artifacts|stop-cubelet|node-controller|release-nodes"
+const kubeVerbs = "hostnet-preflight|wait-prep|install-artifacts|share-mounts|stop-cubelet|node-controller|release-nodes"
 
 // runKube is `cube kube ...`: the commands the Helm chart's Pods run.
 func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -271,6 +271,17 @@ func runKube(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			<-ctx.Done()
 		}
 		return nil
+	case "share-mounts":
+		var dirs stringList
+		fs.Var(&dirs, "dir", "host directory that must lie on a shared mount (created if missing); repeatable")
+		here := fs.Bool("here", false, "work in this process's own mount namespace (on the host itself); default: find the host's from a hostPID Pod")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		if len(dirs) == 0 || fs.NArg() > 0 {
+			return usageError{"usage: cube kube share-mounts --dir DIR [--dir DIR ...] [--here]"}
+		}
+		return shareMounts(ctx, stdout, stderr, dirs, *here)
 	case "stop-cubelet":
 		timeout := fs.Duration("timeout", 25*time.Second, "how long to wait for cubelet to exit")
 		if err := parseFlags(fs, args[1:]); err != nil {

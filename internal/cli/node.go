@@ -183,6 +183,10 @@ type doctorOutput struct {
 	Mappings  []cubelet.MappingStatus `json:"mappings"`
 	Findings  []cubelet.Finding       `json:"findings"`
 	Live      []string                `json:"live"`
+	// Runtime and Supervisors: what the node starts sandboxes with and the
+	// live supervisors' versions (informational: never a problem).
+	Runtime     *cubelet.RuntimeInfo       `json:"runtime,omitempty"`
+	Supervisors []cubelet.SupervisorStatus `json:"supervisors"`
 }
 
 func runNodeDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -197,7 +201,8 @@ func runNodeDoctor(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	out := doctorOutput{Preflight: cubelet.Preflight(cfg), Source: in.Source, Note: in.Note, Findings: in.Findings, Live: in.Live}
+	out := doctorOutput{Preflight: cubelet.Preflight(cfg), Source: in.Source, Note: in.Note, Findings: in.Findings, Live: in.Live,
+		Runtime: in.Runtime, Supervisors: in.Supervisors}
 	out.Problems = in.Problems()
 	for _, m := range in.Mappings {
 		if m.Status != cubelet.StatusOwned {
@@ -246,6 +251,7 @@ func printDoctor(w io.Writer, out doctorOutput) {
 	if len(out.Mappings) == 0 && len(out.Findings) == 0 {
 		fmt.Fprintln(w, "  clean")
 	}
+	printSupervisors(w, out.Runtime, out.Supervisors)
 	if out.Problems > 0 {
 		fmt.Fprintf(w, "%d problems; `cube node gc` removes orphans and dead sandboxes (a running cube does it by itself)\n", out.Problems)
 	}
@@ -286,9 +292,59 @@ func runNodeCleanup(ctx context.Context, args []string, stdout, stderr io.Writer
 	for _, id := range rep.Sandboxes {
 		fmt.Fprintf(stdout, "killed sandbox %s\n", id)
 	}
+	for _, id := range rep.PoolSlots {
+		fmt.Fprintf(stdout, "removed pool slot %s\n", id)
+	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "cleanup: %d sandboxes killed, dataplane removed: %v, state removed: %v\n", len(rep.Sandboxes), rep.Dataplane, rep.StateDir)
+	fmt.Fprintln(stdout, cleanupSummary(rep))
 	return nil
+}
+
+// printSupervisors shows the runtime the node starts sandboxes with, the
+// live supervisors per version, and those started by an earlier runtime
+// (they keep running, with their old binary and mount namespace, until
+// their sandbox ends; warm-pool slots are replaced at the cubelet's start).
+func printSupervisors(w io.Writer, rt *cubelet.RuntimeInfo, sups []cubelet.SupervisorStatus) {
+	if rt != nil {
+		ns := "the cubelet's own mount namespace"
+		if rt.MountNS != "" {
+			ns = "the host mount namespace (" + rt.MountNS + ")"
+		}
+		fmt.Fprintf(w, "runtime: %s, shims %s in %s\n", rt.Stamp, rt.Shim, ns)
+	} else {
+		fmt.Fprintf(w, "runtime: unknown (no %s: no cubelet of this version has started on this node)\n", cubelet.RuntimeFile)
+	}
+	counts := cubelet.SupervisorVersions(sups)
+	versions := make([]string, 0, len(counts))
+	for v := range counts {
+		versions = append(versions, v)
+	}
+	sort.Strings(versions)
+	parts := make([]string, len(versions))
+	for i, v := range versions {
+		parts[i] = fmt.Sprintf("%s x%d", v, counts[v])
+	}
+	fmt.Fprintf(w, "supervisors: %d live", len(sups))
+	if len(parts) > 0 {
+		fmt.Fprintf(w, " (%s)", strings.Join(parts, ", "))
+	}
+	fmt.Fprintln(w)
+	if rt == nil {
+		return
+	}
+	for _, s := range sups {
+		if !s.Current {
+			fmt.Fprintf(w, "  earlier runtime: %s supervisor %d version %s, %s, %s\n", s.Owner, s.PID, s.Version, s.Exe, s.MountNS)
+		}
+	}
+}
+
+// cleanupSummary is the last line of `cube node cleanup`: user sandboxes
+// and warm-pool slots counted apart (a node with no sandbox still has its
+// pool).
+func cleanupSummary(rep cubelet.CleanupReport) string {
+	return fmt.Sprintf("cleanup: %d sandboxes killed, %d pool slots removed, dataplane removed: %v, state removed: %v",
+		len(rep.Sandboxes), len(rep.PoolSlots), rep.Dataplane, rep.StateDir)
 }

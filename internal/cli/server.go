@@ -71,6 +71,7 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
 	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", envInt("CUBE_CREATE_PARALLELISM", 0), "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit (env CUBE_CREATE_PARALLELISM)")
 	addUserNSFlag(fs, &cfg.UserNS)
+	addHostMountNSFlag(fs, &cfg.HostMountNS)
 	nf := addNetworkFlags(fs, &cfg.Network)
 	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
 	maxSBX := fs.Int("max-sandboxes", 500, "most sandboxes this node takes")
@@ -107,6 +108,9 @@ func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
 		cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 	}
 	cfg.Logger = newLogger(stderr, *logLevel).With("role", "cubelet", "node", cfg.NodeID)
+	if h := nf.hostNS; h != nil {
+		cfg.Logger.Info("host netns found", "path", h.Path, "pid", h.PID, "id", h.ID, "passed_over", strings.Join(h.Tried, "; "))
+	}
 	return app.RunCubelet(ctx, cfg)
 }
 

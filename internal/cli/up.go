@@ -14,8 +14,10 @@ import (
 
 	"github.com/cube-dev/cube/internal/api"
 	"github.com/cube-dev/cube/internal/app"
+	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/preflight"
 	"github.com/cube-dev/cube/internal/ratelimit"
 )
 
@@ -35,6 +37,7 @@ func runUp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
 	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", envInt("CUBE_CREATE_PARALLELISM", 0), "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit (env CUBE_CREATE_PARALLELISM)")
 	addUserNSFlag(fs, &cfg.UserNS)
+	addHostMountNSFlag(fs, &cfg.HostMountNS)
 	var err error
 	if cfg.RateLimits, err = addRateLimitFlags(fs); err != nil {
 		return err
@@ -90,6 +93,7 @@ var _ = flag.ErrHelp
 // Cube instances sharing a host (simulated nodes, parallel tests).
 type networkFlags struct {
 	portRange, transit *string
+	hostNS             *preflight.HostNS // where --host-netns=auto found it
 }
 
 // addNetworkFlags registers --host-veth, --table-prefix, --dp-name,
@@ -98,7 +102,7 @@ func addNetworkFlags(fs *flag.FlagSet, cfg *cubevs.Config) *networkFlags {
 	fs.StringVar(&cfg.HostVeth, "host-veth", envDefault("CUBE_HOST_VETH", cfg.HostVeth), "host side of the veth pair into the dataplane netns")
 	fs.StringVar(&cfg.TablePrefix, "table-prefix", envDefault("CUBE_TABLE_PREFIX", cfg.TablePrefix), "name of the nftables tables (host and dataplane netns)")
 	fs.StringVar(&cfg.DPName, "dp-name", envDefault("CUBE_DP_NAME", cfg.DPName), "dataplane netns name, pinned at <run-dir>/netns/<name>")
-	fs.StringVar(&cfg.HostNetNSPath, "host-netns", envDefault("CUBE_HOST_NETNS", ""), "host network namespace to attach the dataplane to, e.g. /proc/1/ns/net (default: Cube's own)")
+	fs.StringVar(&cfg.HostNetNSPath, "host-netns", envDefault("CUBE_HOST_NETNS", ""), "host network namespace to attach the dataplane to: a path such as /proc/1/ns/net, or auto for a cubelet in a hostPID Pod on the Pod network (pid 1's netns, else the runtime shim's; must differ from its own) (default: Cube's own)")
 	return &networkFlags{
 		portRange: fs.String("port-range", envDefault("CUBE_PORT_RANGE", fmt.Sprintf("%d-%d", cfg.PortMin, cfg.PortMax)), "host ports mapped to sandboxes, MIN-MAX"),
 		transit:   fs.String("transit", envDefault("CUBE_TRANSIT", cfg.Transit.String()), "host<->dataplane transit subnet (/30 or larger)"),
@@ -118,7 +122,21 @@ func (f *networkFlags) apply(cfg *cubevs.Config) error {
 		return usageError{fmt.Sprintf("--transit: %v", err)}
 	}
 	cfg.Transit = p
+	if cfg.HostNetNSPath == "auto" {
+		h, err := preflight.FindHostNS("/proc", os.Getpid(), "net")
+		if err != nil {
+			return fmt.Errorf("--host-netns=auto: %w", err)
+		}
+		cfg.HostNetNSPath, f.hostNS = h.Path, &h
+	}
 	return nil
+}
+
+// addHostMountNSFlag registers --host-mount-ns (env CUBE_HOST_MOUNT_NS):
+// the mount namespace sandboxes' shims start in.
+func addHostMountNSFlag(fs *flag.FlagSet, v *string) {
+	fs.StringVar(v, "host-mount-ns", envDefault("CUBE_HOST_MOUNT_NS", cubelet.HostMountNSAuto),
+		"mount namespace sandboxes and their supervisors live in: auto uses the host's when cube runs in a container (found through its parent processes; needs hostPID), and runs cube-shim from next to --envd there; off keeps them in cube's own; or a path such as /proc/<pid>/ns/mnt of a host process (env CUBE_HOST_MOUNT_NS)")
 }
 
 // addUserNSFlag registers --userns (env CUBE_USERNS): whether sandboxes run

@@ -14,7 +14,8 @@ import (
 
 // CleanupReport says what Cleanup removed.
 type CleanupReport struct {
-	Sandboxes []string // sandboxes killed
+	Sandboxes []string // sandboxes killed (gone from the node store)
+	PoolSlots []string // warm-pool slots removed, counted apart: no user made them
 	Dataplane bool     // cube-dp netns, host veth and nft tables removed
 	StateDir  bool     // node state dir removed
 }
@@ -46,23 +47,39 @@ func Cleanup(ctx context.Context, cfg Config, purgeState bool) (CleanupReport, e
 	}
 	c := newCubelet(cfg, nil, dp, store)
 	defer c.Close()
+	// Pool slots are listed before the reconcile, which drops the slots it
+	// cannot keep; sandboxes after it, so dead ones it reaps are not
+	// reported as killed.
+	slotsBefore, _ := store.List()
 	if _, err := c.Reconcile(ctx); err != nil {
 		return rep, err
 	}
-	recs, _ := store.List()
-	for _, r := range recs {
-		if r.State != nodestore.StatePooled {
-			rep.Sandboxes = append(rep.Sandboxes, r.ID)
-		}
-	}
+	before, _ := store.List()
 	var errs []error
 	if err := c.KillAll(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.DestroyNetwork(ctx); err != nil {
+	if err := c.DestroyNetwork(ctx); err != nil { // drains the pool first
 		errs = append(errs, err)
 	} else {
 		rep.Dataplane = true
+	}
+	// Report what is gone from the store, not what was meant to go: a kill
+	// that failed is in errs, its sandbox not in the report.
+	after, _ := store.List()
+	left := map[string]bool{}
+	for _, r := range after {
+		left[r.ID] = true
+	}
+	for _, r := range slotsBefore {
+		if r.State == nodestore.StatePooled && !left[r.ID] {
+			rep.PoolSlots = append(rep.PoolSlots, r.ID)
+		}
+	}
+	for _, r := range before {
+		if r.State != nodestore.StatePooled && !left[r.ID] {
+			rep.Sandboxes = append(rep.Sandboxes, r.ID)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return rep, err

@@ -140,7 +140,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 		return Sandbox{}, err
 	}
 	spec.PreparedDisk = c.preparedDisk(slot, spec.DiskSizeMB)
-	if _, err := nsrt.Start(ctx, c.cfg.Exe, spec); err != nil {
+	if _, err := c.startSandbox(ctx, spec); err != nil {
 		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
 	}
 	if err := failpoint.Hit("create/after-start"); err != nil {

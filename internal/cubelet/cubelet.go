@@ -20,9 +20,11 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/exepath"
+	"github.com/cube-dev/cube/internal/mountns"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/version"
 	"golang.org/x/sync/semaphore"
 )
 
@@ -84,6 +86,16 @@ type Config struct {
 	Logger *slog.Logger
 	// Fetcher, when set, pulls templates the node lacks from the server.
 	Fetcher TemplateFetcher `json:"-"`
+	// HostMountNS chooses the mount namespace shims start in, and with it
+	// where every supervisor and sandbox lives (see runtime.go):
+	// HostMountNSAuto (the default, also "") the host's when the cubelet
+	// runs in a container whose mount namespace differs from it,
+	// HostMountNSOff the cubelet's own, anything else the path of a mount
+	// namespace file (/proc/<pid>/ns/mnt of a host process).
+	HostMountNS string
+	// Version is the cubelet's version, part of the runtime stamp that
+	// tells warm-pool slots of an earlier runtime (default version.Version).
+	Version string
 }
 
 // Cubelet is the node agent.
@@ -114,9 +126,15 @@ type Cubelet struct {
 	watches shimWatches
 	probes  atomic.Int64
 	// turns admits creates, CreateParallelism at a time (nil: no limit).
-	turns     *semaphore.Weighted
-	pool      pool
-	stopPool  context.CancelFunc
+	turns    *semaphore.Weighted
+	pool     pool
+	stopPool context.CancelFunc
+	// shimNS is the mount namespace shims start in (nil: the cubelet's
+	// own), shimExe the binary they run; runtime is the current
+	// RuntimeInfo (see runtime.go).
+	shimNS    *mountns.NS
+	shimExe   string
+	runtime   atomic.Pointer[RuntimeInfo]
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -129,6 +147,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "cube"
+	}
+	if cfg.Version == "" {
+		cfg.Version = version.Version
 	}
 	if err := os.MkdirAll(cfg.sandboxesDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("create state dir: %w", err)
@@ -160,6 +181,10 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		pool:          pool{kick: make(chan struct{}, 1)},
 		turns:         newTurns(cfg.CreateParallelism),
 		stopPool:      func() {},
+	}
+	if err := c.setUpRuntime(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("sandbox runtime: %w", err)
 	}
 	if _, err := c.Reconcile(ctx); err != nil {
 		c.Close()
@@ -193,6 +218,9 @@ func (c *Cubelet) Close() error {
 		}
 		c.closeErr = errors.Join(c.dp.Close(), c.store.Close())
 		c.watches.closeAll()
+		if c.shimNS != nil {
+			c.shimNS.Close()
+		}
 	})
 	return c.closeErr
 }

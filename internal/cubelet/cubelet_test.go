@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -318,11 +319,29 @@ func TestDeadSandboxIsReapedAndReported(t *testing.T) {
 // cubelet runs.
 func TestCleanupForUninstall(t *testing.T) {
 	n := newTestNode(t)
-	n.cfg.PoolSize = 1
+	n.cfg.PoolSize = 2
 	c := n.start(t)
 	ctx := context.Background()
 	if _, err := c.CreateSandbox(ctx, createReq("leftover")); err != nil {
 		t.Fatal(err)
+	}
+	// The pool refills after the create took a slot: wait for both slots
+	// to be ready (a slot still being made is undone by Close), which
+	// cleanup must report apart from the sandbox.
+	var slots []string
+	deadline := time.Now().Add(60 * time.Second)
+	for len(slots) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool has %d slots after 60s, want 2", len(slots))
+		}
+		time.Sleep(100 * time.Millisecond)
+		recs, _ := c.store.List()
+		slots = slots[:0]
+		for _, r := range recs {
+			if r.State == nodestore.StatePooled && c.isReady(r.ID) { // made, not being made
+				slots = append(slots, r.ID)
+			}
+		}
 	}
 	if _, err := Cleanup(ctx, n.cfg, true); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("cleanup while the cubelet runs: %v", err)
@@ -332,8 +351,10 @@ func TestCleanupForUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Sandboxes) != 1 || !rep.Dataplane || !rep.StateDir {
-		t.Fatalf("report %+v", rep)
+	slices.Sort(slots)
+	slices.Sort(rep.PoolSlots)
+	if !slices.Equal(rep.Sandboxes, []string{"leftover"}) || !slices.Equal(rep.PoolSlots, slots) || !rep.Dataplane || !rep.StateDir {
+		t.Fatalf("report %+v, want sandbox leftover and pool slots %v apart", rep, slots)
 	}
 	if _, err := os.Stat(n.cfg.StateDir); !os.IsNotExist(err) {
 		t.Fatalf("state dir left: %v", err)

@@ -82,6 +82,11 @@ type Inspection struct {
 	Findings  []Finding       `json:"findings"`
 	// Live lists the sandboxes with an owner record and an answering shim.
 	Live []string `json:"live"`
+	// Runtime is what the node starts sandboxes with (RuntimeFile; nil
+	// when no cubelet of this version has started on it), Supervisors the
+	// live supervisors, with their versions (versions.go).
+	Runtime     *RuntimeInfo       `json:"runtime,omitempty"`
+	Supervisors []SupervisorStatus `json:"supervisors"`
 }
 
 // shimTimeout bounds the liveness probe of one shim.
@@ -133,6 +138,7 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 		in.Live = append(in.Live, id)
 	}
 	sort.Strings(in.Live)
+	inspectSupervisors(cfg, in, recs, live, liveRT)
 
 	if err := inspectDataplane(ctx, cfg, in, recs, live, liveRT); err != nil {
 		return nil, err
@@ -361,7 +367,7 @@ func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, 
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Cubelet{
-		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store,
+		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store, shimExe: cfg.Exe,
 		locks:         map[string]*idLock{},
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},

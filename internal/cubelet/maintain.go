@@ -25,6 +25,7 @@ func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 			c.reapDead(ctx)
 			c.finishDeletes(ctx)
+			c.refreshRuntime()
 		}
 	}
 }

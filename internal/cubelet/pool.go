@@ -66,6 +66,8 @@ type poolSlot struct {
 	initNS  nsID
 	// shim is the slot's shim process (pid and start time).
 	shim procID
+	// stamp is the runtime stamp the slot was made under (RuntimeInfo).
+	stamp string
 }
 
 // discardSlot sets a slot that cannot be used aside for the refill loop
@@ -87,6 +89,9 @@ type slotFile struct {
 	nodestore.Sandbox
 	TemplateDigest string `json:"templateDigest,omitempty"`
 	EnvdToken      string `json:"envdToken,omitempty"`
+	// Stamp is the runtime stamp the slot was made under; a cubelet of
+	// another runtime (version or binaries) drops the slot at start.
+	Stamp string `json:"stamp,omitempty"`
 }
 
 type pool struct {
@@ -234,7 +239,11 @@ func (c *Cubelet) refill(ctx context.Context) {
 		slot, err := c.makeSlot(ctx)
 		c.pool.mu.Lock()
 		c.pool.building--
-		if err == nil {
+		switch {
+		case err == nil && slot.stamp != c.stamp():
+			// The binaries changed while it was made (refreshRuntime).
+			c.pool.stale = append(c.pool.stale, slot)
+		case err == nil:
 			c.pool.ready = append(c.pool.ready, slot)
 		}
 		c.pool.mu.Unlock()
@@ -269,6 +278,7 @@ func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
 	b := make([]byte, 6)
 	rand.Read(b)
 	s.rec = nodestore.Sandbox{ID: poolPrefix + hex.EncodeToString(b), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}
+	s.stamp = c.stamp()
 	if tmpl.Name != "" {
 		s.rec.Template, s.digest = tmpl.Name, tmpl.Digest
 		s.rec.CPUCount, s.rec.MemoryMB, s.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
@@ -334,7 +344,7 @@ func (c *Cubelet) startSlot(ctx context.Context, s poolSlot, tmpl template.Templ
 	if err != nil {
 		return 0, procID{}, err
 	}
-	sb, err := nsrt.Start(ctx, c.cfg.Exe, spec)
+	sb, err := c.startSandbox(ctx, spec)
 	if err != nil {
 		return 0, procID{}, err
 	}
@@ -385,7 +395,7 @@ func (c *Cubelet) writeSlotFile(s poolSlot) error {
 	if err := os.MkdirAll(c.poolDir(), 0o700); err != nil {
 		return err
 	}
-	data, err := json.Marshal(slotFile{Sandbox: s.rec, TemplateDigest: s.digest, EnvdToken: s.token})
+	data, err := json.Marshal(slotFile{Sandbox: s.rec, TemplateDigest: s.digest, EnvdToken: s.token, Stamp: s.stamp})
 	if err != nil {
 		return err
 	}
@@ -416,8 +426,12 @@ func (c *Cubelet) DrainPool(ctx context.Context) error {
 }
 
 // reconcilePool keeps complete slots whose endpoint survived (and, when
-// pre-started, whose sandbox still runs) and drops the rest.
-func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, endpoints map[string]bool) (kept int) {
+// pre-started, whose sandbox still runs) and drops the rest. Slots made
+// under another runtime stamp (an earlier version or other binaries: their
+// supervisor, init and envd would run the old code for as long as the
+// sandbox made from them lives) are dropped too and listed in recycled; the
+// pool makes new ones.
+func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, endpoints map[string]bool) (kept int, recycled []string) {
 	c.pool.mu.Lock()
 	c.pool.ready, c.pool.stale = nil, nil
 	c.pool.mu.Unlock()
@@ -427,6 +441,11 @@ func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, 
 		// started).
 		f, doneErr := c.readSlotFile(rec.ID)
 		ok := endpoints[rec.ID] && doneErr == nil && f.ID == rec.ID
+		if cur := c.stamp(); ok && cur != "" && f.Stamp != cur {
+			c.log.Info("warm pool: slot made by another runtime; replacing it", "slot", rec.ID, "stamp", f.Stamp, "current", cur)
+			recycled = append(recycled, rec.ID)
+			ok = false
+		}
 		var pid int
 		var shim procID
 		if ok && rec.Template != "" {
@@ -436,7 +455,7 @@ func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, 
 		if ok {
 			c.pool.mu.Lock()
 			c.pool.ready = append(c.pool.ready, poolSlot{rec: rec, digest: f.TemplateDigest, token: f.EnvdToken,
-				initPID: pid, initNS: netnsOf(pid), shim: shim})
+				initPID: pid, initNS: netnsOf(pid), shim: shim, stamp: f.Stamp})
 			c.pool.mu.Unlock()
 			kept++
 			continue
@@ -445,7 +464,29 @@ func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, 
 			c.log.Warn("drop broken pool slot", "slot", rec.ID, "err", err)
 		}
 	}
-	return kept
+	return kept, recycled
+}
+
+// recyclePool sets every ready slot not made under stamp aside for the
+// refill loop to drop, and returns how many.
+func (c *Cubelet) recyclePool(stamp string) int {
+	c.pool.mu.Lock()
+	defer c.pool.mu.Unlock()
+	kept := c.pool.ready[:0]
+	n := 0
+	for _, s := range c.pool.ready {
+		if s.stamp == stamp {
+			kept = append(kept, s)
+			continue
+		}
+		c.pool.stale = append(c.pool.stale, s)
+		n++
+	}
+	c.pool.ready = kept
+	if n > 0 {
+		c.kickPool()
+	}
+	return n
 }
 
 // preparedDisk names a plain slot's image for a sandbox of that disk size.

@@ -25,6 +25,7 @@ type ReconcileReport struct {
 	Orphans   []string      // kernel objects or state nobody owned, removed
 	Bad       []string      // unreadable records, left for an operator
 	PoolSlots int           // warm-pool slots kept
+	Recycled  []string      // warm-pool slots of another runtime (version or binaries), dropped to be made anew
 	Duration  time.Duration // wall time of the pass
 }
 
@@ -81,7 +82,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		attached[ep.Owner] = ep.NetNSPath != "" && ep.LinkName != ""
 	}
 	st.mark("dataplane")
-	rep.PoolSlots = c.reconcilePool(ctx, slots, attached)
+	rep.PoolSlots, rep.Recycled = c.reconcilePool(ctx, slots, attached)
 	st.mark("pool")
 	for _, s := range slots {
 		if !c.isReady(s.ID) {
@@ -127,7 +128,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	st.mark("ports")
 	rep.Duration = time.Since(start)
 	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
-		"repaired", rep.Repaired, "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration}, st.attrs()...)...)
+		"repaired", rep.Repaired, "recycled", len(rep.Recycled), "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration}, st.attrs()...)...)
 	return rep, nil
 }
 

@@ -27,6 +27,10 @@ const (
 	diskMount = "disk"     // its mount point; holds upper/ and work/
 )
 
+// DiskImagePath is where a sandbox's disk image lives in its state dir; an
+// image formatted there by MakeDisk can be passed as Spec.PreparedDisk.
+func DiskImagePath(stateDir string) string { return filepath.Join(stateDir, diskImage) }
+
 // loFlagsAutoclear detaches a loop device when its last user closes it.
 const loFlagsAutoclear = 4
 

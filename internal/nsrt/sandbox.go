@@ -13,6 +13,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/mountns"
 	"github.com/cube-dev/cube/internal/shim"
 )
 
@@ -35,7 +36,14 @@ const startGrace = 10 * time.Second
 // init. It returns once init wrote to its ready fd, or an error (including
 // the tail of init's output) after undoing everything it made. A state dir
 // whose shim is still running yields ErrAlreadyExists.
-func Start(ctx context.Context, exe string, spec Spec) (_ *Sandbox, err error) {
+func Start(ctx context.Context, exe string, spec Spec) (*Sandbox, error) {
+	return StartIn(ctx, nil, exe, spec)
+}
+
+// StartIn is Start with the shim started in mount namespace ns (nil: this
+// process's; see shim.SpawnIn): exe, the spec's paths and the binaries it
+// binds in must name the same files there.
+func StartIn(ctx context.Context, ns *mountns.NS, exe string, spec Spec) (_ *Sandbox, err error) {
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -62,7 +70,7 @@ func Start(ctx context.Context, exe string, spec Spec) (_ *Sandbox, err error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout+startGrace)
 	defer cancel()
-	c, err := shim.Spawn(sctx, exe, spec.StateDir)
+	c, err := shim.SpawnIn(sctx, ns, exe, spec.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}

@@ -53,6 +53,7 @@ func Check(cfg Config, f Facts) Report {
 		checkNFTables(f),
 		checkCgroups(f),
 		checkNetNS(f),
+		checkHostNetNS(f),
 		checkUserNS(f),
 		checkRuntime(cfg, f),
 		checkNodeCIDR(cfg),
@@ -129,6 +130,17 @@ func checkNetNS(f Facts) Result {
 		return fail(n, "cannot create a network namespace (%s): Cube needs CONFIG_NET_NS and CAP_SYS_ADMIN", f.NetNS.Err)
 	}
 	return ok(n, "network namespaces can be created")
+}
+
+// checkHostNetNS reports whether a cubelet on the Pod network
+// (cubeNode.hostNetwork=false, --host-netns=auto) finds the host netns. A
+// warning only: with hostNetwork=true the cubelet needs no other netns.
+func checkHostNetNS(f Facts) Result {
+	const n = "host.netns"
+	if f.HostNetNS.Via == "" {
+		return warn(n, "a cubelet on the Pod network (cubeNode.hostNetwork=false) would not find the host netns: %s; keep cubeNode.hostNetwork=true on this node", f.HostNetNS.Err)
+	}
+	return ok(n, "a cubelet on the Pod network finds the host netns via %s", f.HostNetNS.Via)
 }
 
 // checkUserNS reports whether sandboxes get a user namespace under the

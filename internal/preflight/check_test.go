@@ -16,6 +16,7 @@ func goodFacts() Facts {
 		CgroupControllers: []string{"cpu", "io", "memory", "pids"},
 		NetNS:             Probe{OK: true},
 		UserNS:            Probe{OK: true},
+		HostNetNS:         HostNetNSProbe{Via: "pid 1"},
 		Routes: []Route{
 			{Dst: netip.MustParsePrefix("10.0.0.0/24"), Dev: "eth0"},
 			{Dst: netip.MustParsePrefix("169.254.250.0/30"), Dev: "cube0"},
@@ -72,6 +73,10 @@ func TestCheckCases(t *testing.T) {
 		{"missing pids controller", nil, func(f *Facts) { f.CgroupControllers = []string{"cpu", "memory"} }, "kernel.cgroups", StatusFail, "pids"},
 		{"no cgroup hierarchy", nil, func(f *Facts) { f.CgroupErr = "no cgroup" }, "kernel.cgroups", StatusFail, "no cgroup"},
 		{"no netns", nil, func(f *Facts) { f.NetNS = Probe{Err: "EPERM"} }, "kernel.netns", StatusFail, "CONFIG_NET_NS"},
+		{"host netns via the shim", nil, func(f *Facts) {
+			f.HostNetNS = HostNetNSProbe{Via: "pid 4242 (containerd-shim), an ancestor"}
+		}, "host.netns", StatusOK, "containerd-shim"},
+		{"no host netns", nil, func(f *Facts) { f.HostNetNS = HostNetNSProbe{Err: "pid 1's cannot be opened"} }, "host.netns", StatusWarn, "cubeNode.hostNetwork=true"},
 		{"no userns", nil, func(f *Facts) { f.UserNS = Probe{Err: "ENOSPC"} }, "kernel.userns", StatusWarn, "root inside a sandbox is root on the host"},
 		{"kvm chooses vm", nil, func(f *Facts) { f.KVM = true }, "runtime.kvm", StatusOK, "runtime vm"},
 		{"vm without kvm", func(c *Config) { c.Runtime = "vm" }, nil, "runtime.kvm", StatusFail, "/dev/kvm"},

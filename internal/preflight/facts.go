@@ -105,6 +105,17 @@ type Facts struct {
 	Processes []string `json:"processes,omitempty"`
 	// Server is the result of GET <ServerURL>/health (zero when not asked).
 	Server ServerProbe `json:"server"`
+	// HostNetNS is how a cubelet on the Pod network (hostPID) would reach
+	// the host netns with --host-netns=auto, seen from the host netns.
+	HostNetNS HostNetNSProbe `json:"hostNetns"`
+}
+
+// HostNetNSProbe says which process's netns file opens as the host's:
+// Via names it ("pid 1", or an ancestor such as the runtime shim), else Err
+// says why none did.
+type HostNetNSProbe struct {
+	Via string `json:"via,omitempty"`
+	Err string `json:"error,omitempty"`
 }
 
 // ServerProbe is the result of a server health request.

@@ -98,6 +98,7 @@ func Gather(ctx context.Context, opts GatherOptions) Facts {
 	gatherListeners(&f, opts.ProcDir)
 	f.CNIConfigs = readCNIConfigs(opts.CNIConfDir)
 	f.Processes = interestingProcesses(opts.ProcDir)
+	f.HostNetNS = ProbeHostNetNS(opts.ProcDir)
 	if opts.ServerURL != "" {
 		f.Server = probeServer(ctx, opts.HTTPClient, opts.ServerURL, opts.ServerTimeout)
 	}

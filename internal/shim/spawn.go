@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/mountns"
 	"github.com/cube-dev/cube/internal/pidfd"
 	"github.com/cube-dev/cube/internal/supervisor"
 )
@@ -33,25 +34,44 @@ type spawned struct {
 // returns, so no supervisor is left behind; the error carries the shim's
 // message and error kind.
 func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
-	logf, err := os.OpenFile(filepath.Join(stateDir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open shim log: %w", err)
-	}
-	defer logf.Close()
+	return SpawnIn(ctx, nil, exe, stateDir)
+}
+
+// SpawnIn is Spawn with the shim started in mount namespace ns (nil: this
+// process's): exe and stateDir are paths there, and the shim, its
+// supervisor and its sandbox live there, holding nothing of this process's
+// mount namespace (see package mountns). Its log and stdin are opened there
+// too.
+func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer pr.Close()
 	cmd := exec.Command(exe, Command, "--state-dir", stateDir)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = supervisorEnv(os.Environ())
 	cmd.ExtraFiles = []*os.File{pw}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	start := func() error {
+		logf, err := os.OpenFile(filepath.Join(stateDir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("open shim log: %w", err)
+		}
+		defer logf.Close()
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start shim: %w", err)
+		}
+		return nil
+	}
+	if ns != nil {
+		err = ns.Do(start)
+	} else {
+		err = start()
+	}
 	pw.Close() // the shim holds the only write ends now: EOF means it died
 	if err != nil {
-		return nil, fmt.Errorf("start shim: %w", err)
+		return nil, err
 	}
 	// A pidfd for the child, opened before anything can reap it: a shim
 	// that fails its start reports and exits at once, and by the time its

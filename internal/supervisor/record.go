@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/version"
 )
 
 // Files in a sandbox state dir written by the shim and its supervisor.
@@ -23,9 +24,10 @@ const (
 // SchemaVersion is the version of the records below; readers refuse newer ones.
 const SchemaVersion = 1
 
-// Version is the supervisor's software version, reported in Info and State.
-// Set it at link time (-X github.com/cube-dev/cube/internal/supervisor.Version=...).
-var Version = "dev"
+// Version is the supervisor's software version, reported in Info and State
+// (and by `cube node doctor` for every live sandbox): Cube's version, set at
+// link time like every Cube binary's (-X .../internal/version.Version=...).
+var Version = version.Version
 
 // Info is the shim's address record (shim.json).
 type Info struct {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubelet"
@@ -48,6 +49,14 @@ type node struct {
 	logf       *os.File
 	startedAt  time.Time
 	httpClient *http.Client
+
+	envdPath string // --envd (default bins.envd)
+	// image, when set, runs cube up like the chart's cube-node container:
+	// in a mount namespace of its own, from a copy of the cube binary (and
+	// image.shim next to it) on a tmpfs mounted on image.dir, which the
+	// host does not see (see hostmount_test.go).
+	image  *containerImage
+	mounts []string // unmounted (detached) at cleanup
 }
 
 // newNode prepares a node and registers its cleanup: stop cube, then remove
@@ -81,8 +90,12 @@ func (n *node) dataDir() string { return filepath.Join(n.dir, "data") }
 
 // flags are the node-selecting flags shared by `cube up` and `cube node`.
 func (n *node) flags() []string {
+	envd := bins.envd
+	if n.envdPath != "" {
+		envd = n.envdPath
+	}
 	f := []string{
-		"--data-dir", n.dataDir(), "--run-dir", n.net.RunDir, "--envd", bins.envd,
+		"--data-dir", n.dataDir(), "--run-dir", n.net.RunDir, "--envd", envd,
 		"--host-veth", n.net.HostVeth, "--table-prefix", n.net.TablePrefix,
 		"--port-range", fmt.Sprintf("%d-%d", n.net.PortMin, n.net.PortMax),
 		"--transit", n.net.Transit.String(), "--node-cidr", n.net.NodeCIDR.String(),
@@ -129,6 +142,9 @@ func (n *node) startOnce(retryable bool) (_ time.Duration, bindRace bool) {
 	// If the test binary dies, cube up dies with it (its sandboxes stay,
 	// like after any agent crash).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if n.image != nil {
+		n.image.wrap(cmd, n.exe)
+	}
 	n.startedAt = time.Now()
 	exited, started := make(chan struct{}), make(chan error, 1)
 	go func() {
@@ -330,6 +346,11 @@ func (n *node) cleanup() {
 	}
 	for _, p := range []string{"pod-a", "pod-b"} {
 		unpinNS(filepath.Join(n.dir, p))
+	}
+	for _, m := range n.mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			t.Errorf("cleanup: unmount %s: %v", m, err)
+		}
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		t.Errorf("cleanup: %v", err)

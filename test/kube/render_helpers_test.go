@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
 
@@ -30,8 +31,17 @@ func (o Object) Kind() string { s, _ := o.Doc["kind"].(string); return s }
 func (o Object) Name() string { s, _ := dig(o.Doc, "metadata", "name").(string); return s }
 
 // Render renders the chart at dir as release "cube" in namespace
-// "cube-system" with values merged over the chart's defaults (a YAML text).
+// "cube-system" with values merged over the chart's defaults (a YAML text),
+// as `helm template` does: lookup finds nothing.
 func Render(dir, values string) ([]Object, error) {
+	return RenderLive(nil, dir, "cube-system", false, values)
+}
+
+// RenderLive renders like Render in namespace ns, with lookup reading the
+// cluster at cfg (nil: nothing, as `helm template`), as an install or, with
+// upgrade, an upgrade: what helm install/upgrade renders before it applies
+// anything.
+func RenderLive(cfg *rest.Config, dir, ns string, upgrade bool, values string) ([]Object, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart: %w", err)
@@ -40,12 +50,17 @@ func Render(dir, values string) ([]Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("values: %w", err)
 	}
-	opts := chartutil.ReleaseOptions{Name: "cube", Namespace: "cube-system", Revision: 1, IsInstall: true}
+	opts := chartutil.ReleaseOptions{Name: "cube", Namespace: ns, Revision: 1, IsInstall: !upgrade, IsUpgrade: upgrade}
 	rv, err := chartutil.ToRenderValues(ch, vals, opts, chartutil.DefaultCapabilities)
 	if err != nil {
 		return nil, fmt.Errorf("render values: %w", err)
 	}
-	files, err := engine.Render(ch, rv)
+	var files map[string]string
+	if cfg != nil {
+		files, err = engine.New(cfg).Render(ch, rv)
+	} else {
+		files, err = engine.Render(ch, rv)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}

@@ -108,7 +108,8 @@ func TestAckNeverInPodTemplate(t *testing.T) {
 	for _, vals := range []string{"", "cubeNode: {hostNetworkChangeAck: true}"} {
 		objs := render(t, vals)
 		tmpl := strings.ToLower(string(nodeTemplate(t, objs)))
-		if strings.Contains(tmpl, "ack") {
+		// Not a bare "ack": FallbackToLogsOnError has one.
+		if strings.Contains(tmpl, "changeack") || strings.Contains(tmpl, "--ack") {
 			t.Fatalf("ack appears in the cube-node template: %s", tmpl)
 		}
 		job := get(t, objs, "Job", "cube-node-hostnet-preflight")
@@ -135,7 +136,7 @@ func TestHostNetworkFalseDiffersOnlyInNetworkMode(t *testing.T) {
 	args := func(spec map[string]any) []any {
 		return spec["containers"].([]any)[0].(map[string]any)["args"].([]any)
 	}
-	if slices.Contains(args(on), any("--host-netns=/proc/1/ns/net")) || !slices.Contains(args(off), any("--host-netns=/proc/1/ns/net")) {
+	if slices.Contains(args(on), any("--host-netns=auto")) || !slices.Contains(args(off), any("--host-netns=auto")) {
 		t.Fatalf("--host-netns: on=%v off=%v", args(on), args(off))
 	}
 	// Remove the three differences: the rest is identical.
@@ -143,7 +144,7 @@ func TestHostNetworkFalseDiffersOnlyInNetworkMode(t *testing.T) {
 		delete(s, "hostNetwork")
 		delete(s, "dnsPolicy")
 		c := s["containers"].([]any)[0].(map[string]any)
-		c["args"] = slices.DeleteFunc(args(s), func(a any) bool { return a == "--host-netns=/proc/1/ns/net" })
+		c["args"] = slices.DeleteFunc(args(s), func(a any) bool { return a == "--host-netns=auto" })
 	}
 	a, _ := json.Marshal(on)
 	b, _ := json.Marshal(off)
@@ -241,11 +242,25 @@ func TestBigPodShape(t *testing.T) {
 		"--node-id=$(NODE_NAME)", "--server=http://cube-server.cube-system.svc:3000", "--listen=0.0.0.0:7070",
 		"--data-dir=/var/lib/cube", "--run-dir=/run/cube", "--node-cidr=172.16.0.0/18", "--cgroup-parent=cube",
 		"--advertise-ip=$(POD_IP)", "--data-ip=$(HOST_IP)", "fieldPath: status.hostIP",
-		"node.kubernetes.io/network-unavailable", "stop-cubelet", "name: wait-node-prep", "cube.dev/compute",
+		"node.kubernetes.io/network-unavailable", "name: wait-node-prep", "cube.dev/compute",
+		"terminationMessagePolicy: FallbackToLogsOnError",
 	} {
 		if !strings.Contains(raw, want) {
 			t.Errorf("cube-node lacks %q", want)
 		}
+	}
+	// No preStop hook: the runtime's SIGTERM to cubelet (the container's
+	// main process) is the whole stop; a hook raced it and died with it.
+	if lc, ok := c["lifecycle"]; ok {
+		t.Errorf("cubelet has a lifecycle %v; the stop is the runtime's SIGTERM alone", lc)
+	}
+	// First init container: the host directories of the Bidirectional
+	// mounts are made shared, before any container mounts them.
+	inits := spec["initContainers"].([]any)
+	first := inits[0].(map[string]any)
+	if first["name"] != "share-mounts" || dig(first, "securityContext", "privileged") != true ||
+		fmt.Sprint(first["args"]) != "[kube share-mounts --dir=/run/cube --dir=/var/lib/cube]" {
+		t.Errorf("first init container %v, want the privileged share-mounts of /run/cube and /var/lib/cube", first)
 	}
 	mounts := map[string]any{}
 	for _, m := range c["volumeMounts"].([]any) {

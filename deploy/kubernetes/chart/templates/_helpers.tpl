@@ -80,3 +80,22 @@ tolerations:
 {{- fail "ingress.enabled needs ingress.domain" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The hostNetwork gate at template time: `lookup` reads the live cube-node
+DaemonSet and a change of cubeNode.hostNetwork without
+cubeNode.hostNetworkChangeAck fails the render, so helm install/upgrade prints
+the reason and both ways out itself (the text is hostnetgate.Decide's). lookup
+returns nothing under `helm template`, client-side dry runs and rollbacks
+(which do not re-render): the cube-node-hostnet-preflight hook stays the
+second line of defence.
+*/}}
+{{- define "cube.hostNetworkGate" -}}
+{{- $live := lookup "apps/v1" "DaemonSet" .Release.Namespace "cube-node" -}}
+{{- if and $live (not .Values.cubeNode.hostNetworkChangeAck) -}}
+{{- $liveHN := eq (toString (dig "spec" "template" "spec" "hostNetwork" false $live)) "true" -}}
+{{- if ne $liveHN .Values.cubeNode.hostNetwork -}}
+{{- fail (printf "refusing to change hostNetwork of DaemonSet cube-node from %t to %t: this recreates every cube-node Pod and moves cubelet's address. Either set cubeNode.hostNetworkChangeAck=true to confirm the change (then set it back to false), or keep the live value with cubeNode.hostNetwork=%t" $liveHN .Values.cubeNode.hostNetwork $liveHN) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,189 @@
+package preflight
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestMain doubles as the program RunInMountNS runs in the target mount
+// namespace (as `cube kube share-mounts --here` is in the chart), and as a
+// probe run in another netns.
+func TestMain(m *testing.M) {
+	if dirs := os.Getenv("CUBE_TEST_ENSURE_SHARED"); dirs != "" {
+		res, err := EnsureShared(strings.Split(dirs, ","))
+		_ = json.NewEncoder(os.Stdout).Encode(res)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if os.Getenv("CUBE_TEST_PROBE_HOSTNETNS") == "1" {
+		_ = json.NewEncoder(os.Stdout).Encode(ProbeHostNetNS("/proc"))
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// ensureSharedIn runs EnsureShared(dirs) in the mount namespace of pid the
+// way the chart's init containers do: this test binary re-executed through
+// nsenter, open as fd 3.
+func ensureSharedIn(t *testing.T, pid int, dirs ...string) ([]SharedMount, string, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	err = RunInMountNS(context.Background(), fmt.Sprintf("/proc/%d/ns/mnt", pid), exe, nil,
+		[]string{"CUBE_TEST_ENSURE_SHARED=" + strings.Join(dirs, ",")}, &stdout, &stderr)
+	var res []SharedMount
+	if jerr := json.Unmarshal(stdout.Bytes(), &res); jerr != nil && err == nil {
+		t.Fatalf("output %q: %v (stderr %s)", stdout.String(), jerr, stderr.String())
+	}
+	return res, stderr.String(), err
+}
+
+// mountsAt returns the mounts of pid's namespace whose mount point is dir.
+func mountsAt(t *testing.T, pid int, dir string) []MountInfo {
+	t.Helper()
+	mi, err := readMountInfo("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []MountInfo
+	for _, m := range mi {
+		if m.Point == dir {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func inNS(t *testing.T, pid int, argv ...string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(pid) + "/ns/mnt", "--"}, argv...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("in the test mount namespace: %v: %v\n%s", argv, err, out)
+	}
+}
+
+// TestEnsureSharedInAThrowawayMountNS plays a host whose / is a private
+// mount (a mount namespace made with private propagation) and checks every
+// case against the kernel's mountinfo: a plain directory is bound onto
+// itself and made shared, in that namespace only; a rerun changes nothing
+// (no second bind); a private mount point is made shared in place; a
+// directory on a shared mount is left alone; a directory with mounts below
+// it is refused with the fix named.
+func TestEnsureSharedInAThrowawayMountNS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mount namespaces)")
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Fatal("nsenter (util-linux) is missing")
+	}
+	pid := startIn(t, "unshare", "--mount", "--propagation", "private", "sh", "-c", "echo $$; exec sleep 300")
+	base := t.TempDir()
+	run, data := filepath.Join(base, "run", "cube"), filepath.Join(base, "lib", "cube") // created by EnsureShared
+
+	res, stderr, err := ensureSharedIn(t, pid, run, data)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	for i, dir := range []string{run, data} {
+		if res[i].Dir != dir || res[i].Action != SharedBound || res[i].Mount != dir {
+			t.Errorf("result %+v, want %s bound shared", res[i], dir)
+		}
+		if ms := mountsAt(t, pid, dir); len(ms) != 1 || !ms[0].Shared {
+			t.Errorf("%s in the namespace: mounts %+v, want one shared", dir, ms)
+		}
+		if ms := mountsAt(t, os.Getpid(), dir); len(ms) != 0 {
+			t.Errorf("%s: the bind leaked into the test's own namespace: %+v", dir, ms)
+		}
+	}
+
+	// Rerun (a Pod restart, the other DaemonSet's init container): nothing
+	// stacked.
+	for range 2 {
+		res, stderr, err = ensureSharedIn(t, pid, run, data)
+		if err != nil {
+			t.Fatalf("rerun: %v\n%s", err, stderr)
+		}
+		for i, dir := range []string{run, data} {
+			if res[i].Action != SharedAlready {
+				t.Errorf("rerun %s: %+v, want %q", dir, res[i], SharedAlready)
+			}
+			if ms := mountsAt(t, pid, dir); len(ms) != 1 {
+				t.Errorf("rerun %s: %d mounts, want still 1", dir, len(ms))
+			}
+		}
+	}
+
+	// Its own mount point, private: made shared in place.
+	own := filepath.Join(base, "own")
+	if err := os.MkdirAll(own, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inNS(t, pid, "mount", "-t", "tmpfs", "cube-test", own)
+	if res, stderr, err = ensureSharedIn(t, pid, own); err != nil || res[0].Action != SharedMade {
+		t.Errorf("own private mount: %+v %v %s", res, err, stderr)
+	}
+	if ms := mountsAt(t, pid, own); len(ms) != 1 || !ms[0].Shared {
+		t.Errorf("own mount afterwards: %+v, want one shared", ms)
+	}
+
+	// Below a shared mount: left alone.
+	shared := filepath.Join(base, "shared")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inNS(t, pid, "mount", "-t", "tmpfs", "--make-shared", "cube-test", shared)
+	sub := filepath.Join(shared, "sub")
+	if res, stderr, err = ensureSharedIn(t, pid, sub); err != nil || res[0].Action != SharedAlready || res[0].Mount != shared {
+		t.Errorf("under a shared mount: %+v %v %s", res, err, stderr)
+	}
+	if ms := mountsAt(t, pid, sub); len(ms) != 0 {
+		t.Errorf("under a shared mount: bound anyway: %+v", ms)
+	}
+
+	// Mounts below a directory that needs a bind: refused, nothing done.
+	busy := filepath.Join(base, "busy")
+	if err := os.MkdirAll(filepath.Join(busy, "pin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inNS(t, pid, "mount", "-t", "tmpfs", "cube-test", filepath.Join(busy, "pin"))
+	_, stderr, err = ensureSharedIn(t, pid, busy)
+	if err == nil || !strings.Contains(stderr, "mount --make-rshared") {
+		t.Errorf("directory with mounts below: err %v, stderr %q; want a refusal naming the fix", err, stderr)
+	}
+	if ms := mountsAt(t, pid, busy); len(ms) != 0 {
+		t.Errorf("refused, yet bound: %+v", ms)
+	}
+}
+
+func TestParseMountInfo(t *testing.T) {
+	const s = `22 1 8:1 / / rw,relatime - ext4 /dev/root rw
+30 22 0:26 / /run rw,nosuid shared:5 - tmpfs tmpfs rw
+31 30 0:26 /cube /run/cube rw shared:7 master:5 - tmpfs tmpfs rw
+40 22 0:40 / /mnt/with\040space rw - tmpfs t rw
+`
+	got := ParseMountInfo(s)
+	want := []MountInfo{{"/", false}, {"/run", true}, {"/run/cube", true}, {"/mnt/with space", false}}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	for path, point := range map[string]string{"/run/cube/netns": "/run/cube", "/run/cubex": "/run", "/var": "/", "/mnt/with space/x": "/mnt/with space"} {
+		if m := mountOf(got, path); m.Point != point {
+			t.Errorf("mountOf(%s) = %s, want %s", path, m.Point, point)
+		}
+	}
+}
