@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/cube-dev/cube/internal/hostns"
 	"github.com/cube-dev/cube/internal/preflight"
 )
 
@@ -25,7 +26,7 @@ func shareMounts(ctx context.Context, stdout, stderr io.Writer, dirs []string, h
 		}
 		return err
 	}
-	h, err := preflight.FindHostNS("/proc", os.Getpid(), "mnt")
+	h, err := hostns.Find("/proc", os.Getpid(), "mnt")
 	if err != nil {
 		return fmt.Errorf("share mounts: %w", err)
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/hostns"
 	"github.com/cube-dev/cube/internal/nsrt"
-	"github.com/cube-dev/cube/internal/preflight"
 	"github.com/cube-dev/cube/internal/ratelimit"
 )
 
@@ -93,7 +93,7 @@ var _ = flag.ErrHelp
 // Cube instances sharing a host (simulated nodes, parallel tests).
 type networkFlags struct {
 	portRange, transit *string
-	hostNS             *preflight.HostNS // where --host-netns=auto found it
+	hostNS             *hostns.Namespace // where --host-netns=auto found it
 }
 
 // addNetworkFlags registers --host-veth, --table-prefix, --dp-name,
@@ -123,7 +123,7 @@ func (f *networkFlags) apply(cfg *cubevs.Config) error {
 	}
 	cfg.Transit = p
 	if cfg.HostNetNSPath == "auto" {
-		h, err := preflight.FindHostNS("/proc", os.Getpid(), "net")
+		h, err := hostns.Find("/proc", os.Getpid(), "net")
 		if err != nil {
 			return fmt.Errorf("--host-netns=auto: %w", err)
 		}

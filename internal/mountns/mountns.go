@@ -23,12 +23,11 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/hostns"
 )
 
 // ID identifies a namespace (or a file): device and inode.
@@ -46,52 +45,20 @@ func IDOf(path string) (ID, error) {
 // Self is the mount namespace of the calling thread.
 func Self() (ID, error) { return IDOf("/proc/thread-self/ns/mnt") }
 
-// FindHost looks for the host's mount namespace from inside a container:
-// the mount namespace of the nearest ancestor process whose mount
-// namespace differs from this one (with hostPID, the container runtime's
-// shim that started the container). It returns "" when every ancestor it
-// can see shares this process's mount namespace (a cubelet started on the
-// host, or a container without hostPID, whose parent is invisible). An
-// ancestor whose namespaces it may not open (pid 1 on some machines) is
-// skipped.
+// FindHost looks for the host's mount namespace from inside a container
+// (hostns.Find: pid 1's, else the nearest ancestor's that differs from this
+// process's; with hostPID, the container runtime's shim). It returns ""
+// when there is none to find: a cubelet started on the host, or in a
+// container without hostPID, whose ancestors are invisible.
 func FindHost() (string, error) {
-	self, err := Self()
+	h, err := hostns.Find("/proc", os.Getpid(), "mnt")
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return "", nil
+	}
 	if err != nil {
 		return "", err
 	}
-	pid := os.Getppid()
-	for range 64 { // a loop in the process tree cannot happen; bound it anyway
-		if pid <= 0 {
-			return "", nil
-		}
-		p := "/proc/" + strconv.Itoa(pid) + "/ns/mnt"
-		if id, err := IDOf(p); err == nil && id != self {
-			return p, nil
-		}
-		if pid == 1 {
-			return "", nil
-		}
-		if pid, err = parentOf(pid); err != nil {
-			return "", nil // the ancestor exited meanwhile: nothing above it to find
-		}
-	}
-	return "", nil
-}
-
-// parentOf reads the parent pid of pid from /proc.
-func parentOf(pid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// The command (field 2) may hold spaces and parentheses: fields after
-	// the last ')' are the state, then the parent pid.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 2 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	return strconv.Atoi(f[1])
+	return h.Path, nil
 }
 
 // NS is an open mount namespace. The handle keeps the namespace reachable

@@ -7,117 +7,19 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/hostns"
 )
-
-// HostNS is where a namespace of the host was found.
-type HostNS struct {
-	Path string // e.g. /proc/1/ns/net or /proc/4242/ns/net
-	PID  int
-	ID   string // e.g. net:[4026531833]
-	// Tried says, for each candidate passed over, why.
-	Tried []string
-}
-
-// FindHostNS finds the host's namespace of kind ("net", "mnt", ...) for the
-// process self, which runs in a container of a Pod with hostPID: true and
-// its own namespace of that kind (a Pod on the Pod network, a container's
-// mount namespace). Candidates, in order: pid 1 (the host's init on systemd
-// nodes), then self's ancestors, nearest first (the first is the container
-// runtime's shim, a host process). The first whose namespace can be opened
-// and differs from self's wins. pid 1 is not always usable: on some hosts
-// root may not open its namespaces (a VM whose init is not the node's), and
-// without hostPID it is the container's own init.
-//
-// An error says what was tried and what to change; with hostNetwork (the
-// Pod already in the host netns) there is nothing to find, so it fails too.
-func FindHostNS(procDir string, self int, kind string) (HostNS, error) {
-	own, err := nsID(procDir, self, kind)
-	if err != nil {
-		return HostNS{}, fmt.Errorf("host %s namespace: own namespace: %w", kind, err)
-	}
-	var h HostNS
-	candidates := []int{1}
-	for pid, seen := self, 0; seen < 64; seen++ {
-		ppid, err := parentPID(procDir, pid)
-		if err != nil || ppid <= 0 {
-			break
-		}
-		if ppid != 1 {
-			candidates = append(candidates, ppid)
-		}
-		pid = ppid
-	}
-	for _, pid := range candidates {
-		if pid == self {
-			continue
-		}
-		p := filepath.Join(procDir, strconv.Itoa(pid), "ns", kind)
-		id, err := openNS(p)
-		switch {
-		case err != nil:
-			h.Tried = append(h.Tried, fmt.Sprintf("%s: %v", p, err))
-		case id == own:
-			h.Tried = append(h.Tried, fmt.Sprintf("%s: same namespace as this process (%s)", p, own))
-		default:
-			h.Path, h.PID, h.ID = p, pid, id
-			return h, nil
-		}
-	}
-	return h, fmt.Errorf("no host %s namespace found from pid %d (tried %s): run in a Pod with hostPID: true on its own %s namespace (with hostNetwork: true the cubelet needs no --host-netns): %w",
-		kind, self, strings.Join(h.Tried, "; "), kind, errdefs.ErrFailedPrecondition)
-}
-
-// openNS opens a namespace file the way a join would (not just its link)
-// and returns its identity.
-func openNS(p string) (string, error) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", err
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return "", err
-	}
-	link, err := os.Readlink(p)
-	if err != nil {
-		return "", err
-	}
-	// The link names the kind and inode; the device makes it unique.
-	return fmt.Sprintf("%s@%d", link, st.Dev), nil
-}
-
-func nsID(procDir string, pid int, kind string) (string, error) {
-	return openNS(filepath.Join(procDir, strconv.Itoa(pid), "ns", kind))
-}
-
-// parentPID reads the PPid of pid from <procDir>/<pid>/status.
-func parentPID(procDir string, pid int) (int, error) {
-	b, err := os.ReadFile(filepath.Join(procDir, strconv.Itoa(pid), "status"))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("%s/%d/status: no PPid", procDir, pid)
-}
 
 // ProbeHostNetNS looks, from a process in the host netns (the bootstrap
 // Pod, or the host itself), at what --host-netns=auto would use in a Pod on
 // the Pod network: pid 1's netns when root may open it, else an ancestor's
 // (in a Pod, the runtime shim). Either must be this process's own netns.
 func ProbeHostNetNS(procDir string) HostNetNSProbe {
-	own, err := nsID(procDir, os.Getpid(), "net")
+	own, err := hostns.ID(procDir, os.Getpid(), "net")
 	if err != nil {
 		return HostNetNSProbe{Err: fmt.Sprintf("own netns: %v", err)}
 	}
-	p1, err1 := nsID(procDir, 1, "net")
+	p1, err1 := hostns.ID(procDir, 1, "net")
 	switch {
 	case err1 == nil && p1 == own:
 		return HostNetNSProbe{Via: "pid 1"}
@@ -125,11 +27,11 @@ func ProbeHostNetNS(procDir string) HostNetNSProbe {
 		return HostNetNSProbe{Err: "pid 1 is in another network namespace: run the preflight in the host netns (hostNetwork: true)"}
 	}
 	for pid, n := os.Getpid(), 0; n < 64; n++ {
-		ppid, err := parentPID(procDir, pid)
+		ppid, err := hostns.Parent(procDir, pid)
 		if err != nil || ppid <= 1 {
 			break
 		}
-		if id, err := nsID(procDir, ppid, "net"); err == nil && id == own {
+		if id, err := hostns.ID(procDir, ppid, "net"); err == nil && id == own {
 			comm, _ := os.ReadFile(filepath.Join(procDir, strconv.Itoa(ppid), "comm"))
 			return HostNetNSProbe{Via: fmt.Sprintf("pid %d (%s), an ancestor; pid 1's cannot be opened (%v)", ppid, strings.TrimSpace(string(comm)), err1)}
 		}

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/cube-dev/cube/internal/proctest"
 )
 
 // TestMain doubles as the program RunInMountNS runs in the target mount
@@ -91,7 +93,7 @@ func TestEnsureSharedInAThrowawayMountNS(t *testing.T) {
 	if _, err := exec.LookPath("nsenter"); err != nil {
 		t.Fatal("nsenter (util-linux) is missing")
 	}
-	pid := startIn(t, "unshare", "--mount", "--propagation", "private", "sh", "-c", "echo $$; exec sleep 300")
+	pid := proctest.StartPrintingPID(t, "unshare", "--mount", "--propagation", "private", "sh", "-c", "echo $$; exec sleep 300")
 	base := t.TempDir()
 	run, data := filepath.Join(base, "run", "cube"), filepath.Join(base, "lib", "cube") // created by EnsureShared
 

@@ -4,6 +4,7 @@
 package proctest
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -143,4 +146,30 @@ func CallJSON(t testing.TB, base, key, method, path string, body, out any, want 
 			t.Fatalf("%s %s: decode %s: %v", method, path, data, err)
 		}
 	}
+}
+
+// StartPrintingPID starts argv (typically under unshare) and returns the pid
+// it prints with `echo $$` or `echo $!` as its first line of output: a
+// process in namespaces of its own, for tests that look at it from outside.
+// The process is killed when the test ends.
+func StartPrintingPID(t testing.TB, argv ...string) int {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("%v: %v", argv, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("%v printed %q", argv, line)
+	}
+	return pid
 }
