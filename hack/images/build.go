@@ -63,7 +63,9 @@ func Specs(ver string) []Spec {
 			"org.opencontainers.image.source":  "https://github.com/cube-dev/cube",
 		}
 	}
-	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	// Debian's default PATH (the Dockerfiles' base image sets the same): the
+	// cubelet runs mkfs.ext4 and debootstrap, which live in /usr/sbin.
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cube := []string{"/usr/local/bin/cube"}
 	return []Spec{
 		{

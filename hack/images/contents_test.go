@@ -44,27 +44,32 @@ func TestCubeletImageCanMakeSandboxes(t *testing.T) {
 	}
 	run := func(argv ...string) string {
 		t.Helper()
-		cmd := exec.Command(argv[0], argv[1:]...)
+		// Through the image's shell, so commands are looked up in the
+		// image's PATH (exec.Command would search the host's).
+		cmd := exec.Command("/bin/sh", append([]string{"-c", `exec "$@"`, "sh"}, argv...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
 		cmd.Dir = "/"
-		cmd.Env = []string{"PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+		// The image's own environment, as the runtime gives it to the
+		// cubelet: a PATH without /usr/sbin once hid debootstrap and
+		// mkfs.ext4 from it (found on the first real cluster).
+		cmd.Env = append(slices.Clone(specByName(t, "cubelet").Env), "LC_ALL=C")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("chroot %s: %v: %v\n%s", root, argv, err, out)
 		}
 		return string(out)
 	}
-	run("/usr/sbin/mkfs.ext4", "-F", "-q", "-E", "root_owner=0:0", "/tmp/disk.ext4")
-	if out := run("/usr/sbin/e2fsck", "-fn", "/tmp/disk.ext4"); !strings.Contains(out, "clean") && !strings.Contains(out, "files") {
+	run("mkfs.ext4", "-F", "-q", "-E", "root_owner=0:0", "/tmp/disk.ext4")
+	if out := run("e2fsck", "-fn", "/tmp/disk.ext4"); !strings.Contains(out, "clean") && !strings.Contains(out, "files") {
 		t.Errorf("e2fsck of the new disk: %s", out)
 	}
-	if out := run("/usr/sbin/debootstrap", "--version"); !strings.HasPrefix(out, "debootstrap 1.") {
+	if out := run("debootstrap", "--version"); !strings.HasPrefix(out, "debootstrap 1.") {
 		t.Errorf("debootstrap --version: %q", out)
 	}
-	run("/usr/bin/wget", "--version")
-	run("/usr/bin/gpgv", "--version")
-	run("/usr/bin/ip", "-V")
-	if out := run("/usr/local/bin/cube", "version"); !strings.Contains(out, "v9.8.7") {
+	run("wget", "--version")
+	run("gpgv", "--version")
+	run("ip", "-V")
+	if out := run("cube", "version"); !strings.Contains(out, "v9.8.7") {
 		t.Errorf("cube version: %q", out)
 	}
 	for _, f := range []string{
