@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/mountinfo"
 )
 
 // Version is the cgroup version whose resource controllers Cube uses.
@@ -131,26 +132,7 @@ func splitMountinfoLine(line string) (mountPoint, fsType, superOpts string, ok b
 	if len(f) < 5 || len(p) < 3 {
 		return "", "", "", false
 	}
-	return unescapeMountinfo(f[4]), p[0], p[2], true
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for space, ...) of mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mountinfo.Unescape(f[4]), p[0], p[2], true
 }
 
 // isControllerOption reports whether a v1 super option names a controller

@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/mountinfo"
 )
 
 // What EnsureShared did for a directory.
@@ -133,7 +133,7 @@ func ParseMountInfo(s string) []MountInfo {
 		if len(f) < 7 {
 			continue
 		}
-		m := MountInfo{Point: unescapeMount(f[4])}
+		m := MountInfo{Point: mountinfo.Unescape(f[4])}
 		for _, opt := range f[6:] {
 			if opt == "-" {
 				break
@@ -160,25 +160,6 @@ func mountOf(mounts []MountInfo, path string) MountInfo {
 		}
 	}
 	return best
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // RunInMountNS runs exe with args in the mount namespace at nsPath and

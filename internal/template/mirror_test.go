@@ -53,11 +53,3 @@ func TestDebianMirror(t *testing.T) {
 		})
 	}
 }
-
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{`/a/b`: "/a/b", `/a\040b`: "/a b", `/x\134y`: `/x\y`, `/end\04`: `/end\04`} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
