@@ -29,7 +29,7 @@ build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-superv
 
 IMAGES_OUT ?= out/images
 .PHONY: images
-images: ## Build the OCI image layouts under out/images/<name> without Docker (scratch + static binaries), then check them.
+images: ## Build the OCI image layouts under out/images/<name> without Docker (Debian by debootstrap + static binaries; root, cached), then check them.
 	go run ./hack/images -out $(IMAGES_OUT)
 	$(GO_TEST) ./hack/images
 
@@ -60,6 +60,22 @@ unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups; e
 .PHONY: kube-assets
 kube-assets: ## Build kube-apiserver and etcd for envtest from the Go module proxy (cached by version; 6-13 min cold).
 	@bash hack/kube-test-assets.sh
+
+.PHONY: kube-node-assets
+kube-node-assets: ## Build kubelet, kube-proxy, ..., kubectl, helm, CoreDNS and pause for the local cluster (cached by version).
+	@bash hack/kube-node-assets.sh
+
+.PHONY: kube-up
+kube-up: deps ## Start a local single-node Kubernetes with Cube installed (docs/kubernetes/local-cluster.md).
+	@mkdir -p $(BIN)
+	@go build -o $(BIN)/kubelocal ./hack/kubelocal
+	$(BIN)/kubelocal up
+
+.PHONY: kube-down
+kube-down: ## Remove the local cluster and restore the host (idempotent).
+	@mkdir -p $(BIN)
+	@go build -o $(BIN)/kubelocal ./hack/kubelocal
+	$(BIN)/kubelocal down
 
 .PHONY: e2e
 e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then against server + 2 cubelets.

@@ -8,7 +8,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # postgresql: the store, leader and HA tests start throwaway servers from its
 # binaries (internal/pgtest); they fail under CI=1 when it is missing.
-APT_PACKAGES=(iproute2 nftables debootstrap busybox-static psmisc ca-certificates procps e2fsprogs postgresql)
+# containerd .. util-linux: the local Kubernetes cluster (make kube-up,
+# hack/kubelocal): the container runtime, the pod network's CNI plugins, the
+# packet filter kube-proxy programs, conntrack for its cleanup, and
+# nsenter/mount for teardown.
+APT_PACKAGES=(iproute2 nftables debootstrap busybox-static psmisc ca-certificates procps e2fsprogs postgresql
+	containerd runc containernetworking-plugins iptables conntrack util-linux)
 E2E_DIR="$ROOT/test/e2e"
 
 die() {
