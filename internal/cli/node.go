@@ -15,6 +15,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/preflight"
 )
 
 // nodeVerbs are the `cube node` subcommands. The local ones below inspect
@@ -297,6 +298,17 @@ func runNodeCleanup(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if err != nil {
 		return err
+	}
+	if *purge {
+		// The binds `cube kube share-mounts` made for the chart's
+		// Bidirectional volumes (hosts whose / is private).
+		released, err := preflight.ReleaseShared([]string{cfg.Network.RunDir, filepath.Dir(cfg.StateDir)})
+		for _, d := range released {
+			fmt.Fprintf(stdout, "unmounted the shared bind of %s\n", d)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(stdout, cleanupSummary(rep))
 	return nil

@@ -2,11 +2,14 @@ package preflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -109,10 +112,66 @@ func ensureShared(dir string) (SharedMount, error) {
 	return res, nil
 }
 
+// ReleaseShared undoes EnsureShared's binds at uninstall: every dir that
+// is a bind mount of itself (the same file system and directory as the
+// mount below it, which is what EnsureShared makes) is unmounted. Dirs that
+// are mounts of something else (a disk mounted there by the operator) and
+// dirs that are not mount points are left alone. It returns the dirs
+// unmounted.
+func ReleaseShared(dirs []string) ([]string, error) {
+	var released []string
+	for _, d := range dirs {
+		real, err := filepath.EvalSymlinks(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return released, fmt.Errorf("release shared mount: %w", err)
+		}
+		for { // EnsureShared binds once; a bind stacked by hand goes too
+			mounts, err := readMountInfo("/proc/self/mountinfo")
+			if err != nil {
+				return released, err
+			}
+			if !isSelfBind(mounts, real) {
+				break
+			}
+			if err := unix.Unmount(real, unix.MNT_DETACH); err != nil {
+				return released, fmt.Errorf("release shared mount: unmount %s: %w", real, err)
+			}
+			released = append(released, d)
+		}
+	}
+	return released, nil
+}
+
+// isSelfBind reports whether the topmost mount at path is a bind of path
+// itself: the mount below it (at path or a parent) holds the same file
+// system and, at path, the same directory.
+func isSelfBind(mounts []MountInfo, path string) bool {
+	top := -1
+	for i, m := range mounts {
+		if m.Point == path {
+			top = i
+		}
+	}
+	if top < 0 {
+		return false
+	}
+	below := mountOf(slices.Delete(slices.Clone(mounts), top, top+1), path)
+	if below.Point == "" || below.Dev != mounts[top].Dev {
+		return false
+	}
+	rel := strings.TrimPrefix(path, strings.TrimSuffix(below.Point, "/"))
+	return mounts[top].Root == filepath.Join(below.Root, rel)
+}
+
 // MountInfo is one line of /proc/<pid>/mountinfo.
 type MountInfo struct {
 	Point  string
-	Shared bool // has a shared:N peer group
+	Shared bool   // has a shared:N peer group
+	Dev    string // major:minor of the file system
+	Root   string // the directory of the file system mounted here
 }
 
 func readMountInfo(file string) ([]MountInfo, error) {
@@ -133,7 +192,7 @@ func ParseMountInfo(s string) []MountInfo {
 		if len(f) < 7 {
 			continue
 		}
-		m := MountInfo{Point: mountinfo.Unescape(f[4])}
+		m := MountInfo{Point: mountinfo.Unescape(f[4]), Dev: f[2], Root: mountinfo.Unescape(f[3])}
 		for _, opt := range f[6:] {
 			if opt == "-" {
 				break

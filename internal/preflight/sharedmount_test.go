@@ -29,6 +29,15 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if dirs := os.Getenv("CUBE_TEST_RELEASE_SHARED"); dirs != "" {
+		released, err := ReleaseShared(strings.Split(dirs, ","))
+		_ = json.NewEncoder(os.Stdout).Encode(released)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("CUBE_TEST_PROBE_HOSTNETNS") == "1" {
 		_ = json.NewEncoder(os.Stdout).Encode(ProbeHostNetNS("/proc"))
 		os.Exit(0)
@@ -179,7 +188,7 @@ func TestParseMountInfo(t *testing.T) {
 40 22 0:40 / /mnt/with\040space rw - tmpfs t rw
 `
 	got := ParseMountInfo(s)
-	want := []MountInfo{{"/", false}, {"/run", true}, {"/run/cube", true}, {"/mnt/with space", false}}
+	want := []MountInfo{{"/", false, "8:1", "/"}, {"/run", true, "0:26", "/"}, {"/run/cube", true, "0:26", "/cube"}, {"/mnt/with space", false, "0:40", "/"}}
 	if !slices.Equal(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
@@ -187,5 +196,59 @@ func TestParseMountInfo(t *testing.T) {
 		if m := mountOf(got, path); m.Point != point {
 			t.Errorf("mountOf(%s) = %s, want %s", path, m.Point, point)
 		}
+	}
+	// /run/cube is /run's tmpfs at /cube: a bind of itself; /run and / are not.
+	for path, want := range map[string]bool{"/run/cube": true, "/run": false, "/": false, "/mnt/with space": false, "/var": false} {
+		if got := isSelfBind(got, path); got != want {
+			t.Errorf("isSelfBind(%s) = %t, want %t", path, got, want)
+		}
+	}
+}
+
+// TestReleaseSharedUndoesOnlyTheSelfBinds: at uninstall (cube node cleanup
+// --purge-state) the binds EnsureShared made are unmounted, and a file
+// system mounted on a Cube directory by the operator (here a tmpfs) stays:
+// found on the first real cluster, where uninstall left both binds behind.
+func TestReleaseSharedUndoesOnlyTheSelfBinds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mount namespaces)")
+	}
+	pid := proctest.StartPrintingPID(t, "unshare", "--mount", "--propagation", "private", "sh", "-c", "echo $$; exec sleep 300")
+	base := t.TempDir()
+	run, data, disk := filepath.Join(base, "run", "cube"), filepath.Join(base, "lib", "cube"), filepath.Join(base, "disk")
+	if err := os.MkdirAll(disk, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inNS(t, pid, "mount", "-t", "tmpfs", "cube-test-disk", disk)
+	if _, stderr, err := ensureSharedIn(t, pid, run, data, disk); err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	// A bind stacked by hand on top of ours goes too.
+	inNS(t, pid, "mount", "--bind", data, data)
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	err = RunInMountNS(context.Background(), fmt.Sprintf("/proc/%d/ns/mnt", pid), exe, nil,
+		[]string{"CUBE_TEST_RELEASE_SHARED=" + strings.Join([]string{run, data, disk, filepath.Join(base, "missing")}, ",")}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var released []string
+	if err := json.Unmarshal(stdout.Bytes(), &released); err != nil {
+		t.Fatalf("output %q: %v", stdout.String(), err)
+	}
+	if want := []string{run, data, data}; !slices.Equal(released, want) {
+		t.Errorf("released %q, want %q", released, want)
+	}
+	for _, dir := range []string{run, data} {
+		if ms := mountsAt(t, pid, dir); len(ms) != 0 {
+			t.Errorf("%s: still mounted after release: %+v", dir, ms)
+		}
+	}
+	if ms := mountsAt(t, pid, disk); len(ms) != 1 {
+		t.Errorf("%s (the operator's tmpfs): %d mounts after release, want 1", disk, len(ms))
 	}
 }
