@@ -55,7 +55,7 @@ vet: ## go vet every package.
 
 .PHONY: unit
 unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups; envtest kube-apiserver).
-	KUBEBUILDER_ASSETS="$$(bash hack/kube-test-assets.sh)" $(GO_TEST) -timeout 30m ./...
+	KUBEBUILDER_ASSETS="$$(bash hack/kube-test-assets.sh)" $(GO_TEST) -timeout 30m $$(go list ./... | grep -v /test/kubereal)
 
 .PHONY: kube-assets
 kube-assets: ## Build kube-apiserver and etcd for envtest from the Go module proxy (cached by version; 6-13 min cold).
@@ -77,6 +77,16 @@ kube-down: ## Remove the local cluster and restore the host (idempotent).
 	@go build -o $(BIN)/kubelocal ./hack/kubelocal
 	$(BIN)/kubelocal down
 
+.PHONY: kubereal
+kubereal: ## Real-cluster suite (test/kubereal): make kube-up, the suite against it, then make kube-down (always).
+	@status=0; \
+	$(MAKE) --no-print-directory kube-up && \
+	$(GO_TEST) -timeout 60m -v ./test/kubereal 2>&1 | tee kubereal.log | grep -E '^(=== RUN|--- |\s+--- |ok |FAIL|PASS)|TIMING' ; \
+	status=$${PIPESTATUS[0]}; [[ -n "$$status" ]] || status=1; \
+	$(MAKE) --no-print-directory kube-down || { [[ $$status != 0 ]] || status=1; }; \
+	[[ $$status == 0 ]] || { echo "kubereal failed; its whole output (kubereal.log):"; cat kubereal.log; }; \
+	exit $$status
+
 .PHONY: e2e
 e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then against server + 2 cubelets.
 	bash test/e2e/run.sh $(BIN)/cube
@@ -86,7 +96,7 @@ e2e: build ## End-to-end suite: official e2b npm SDK against `cube up`, then aga
 # developer's is not, which is the point of the check): make FRESH_CHECK=1 test.
 FRESH_CHECK ?= $(if $(CI),1,)
 .PHONY: test
-test: deps build vet check-generate $(if $(FRESH_CHECK),fresh-check,) unit e2e ## Everything CI runs.
+test: deps build vet check-generate $(if $(FRESH_CHECK),fresh-check,) unit e2e kubereal ## Everything CI runs.
 	@echo "make test: all suites passed"
 
 BENCH_FLAGS ?=
