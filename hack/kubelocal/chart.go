@@ -26,14 +26,6 @@ func valuesYAML(c *Config) string {
   external:
     existingSecret: cube-db
     urlKey: url
-controlPlane:
-  # One cube-server replica, not the chart's two: two replicas on one
-  # database disagree for up to a heartbeat (2 s) about a node's token and
-  # isolation after a re-registration or a cordon, and only the replica that
-  # runs a drain knows its progress (test/kubereal found all three; see
-  # docs/kubernetes/local-cluster.md). A product defect, not a quirk of this
-  # cluster: back to the default once replicas share that state.
-  replicas: 1
 cubeNode:
   # Room for the test suite's sandboxes (base asks 2 vCPU each): the default,
   # 8 per core, allows 8 on this 2-core machine.

@@ -6,19 +6,16 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeapi"
 )
 
 // DefaultDrainGrace is how long a drain waits for in-flight creates.
 const DefaultDrainGrace = 60 * time.Second
 
-// update changes a node's durable record with fn and persists it.
+// update changes a node's durable record with fn and persists it. The
+// store decides whether the node exists: it may have registered through
+// another replica a moment ago.
 func (r *Registry) update(ctx context.Context, id string, fn func(rec *NodeRecord) error) error {
-	r.mu.Lock()
-	_, ok := r.nodes[id]
-	r.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
-	}
 	_, err := r.persist(ctx, id, func(rec *NodeRecord, found bool) error {
 		if !found {
 			return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
@@ -58,23 +55,55 @@ func (r *Registry) Drain(ctx context.Context, id string, d Drain) error {
 	if d.Grace < 0 || d.Deadline < 0 {
 		return fmt.Errorf("drain durations must not be negative: %w", errdefs.ErrInvalidArgument)
 	}
+	var started Drain
 	err := r.update(ctx, id, func(rec *NodeRecord) error {
 		rec.Isolated = true
-		if rec.Drain != nil && rec.Drain.Policy == d.Policy {
-			return nil
+		if rec.Drain == nil || rec.Drain.Policy != d.Policy {
+			d.StartedAt = time.Now().UTC()
+			rec.Drain = &d
 		}
-		d.StartedAt = time.Now().UTC()
-		rec.Drain = &d
+		started = *rec.Drain
 		return nil
 	})
-	if err == nil {
-		r.mu.Lock()
-		if n, ok := r.nodes[id]; ok && n.rec.Drain != nil {
-			n.phase = r.drainPhase(*n.rec.Drain)
-		}
-		r.mu.Unlock()
+	if err != nil {
+		return err
 	}
-	return err
+	if err := r.recount(ctx); err != nil {
+		r.log.Warn("drain: recount", "node", id, "err", err)
+	}
+	r.mu.Lock()
+	count := 0
+	if n, ok := r.nodes[id]; ok {
+		count = n.count
+	}
+	r.mu.Unlock()
+	r.setProgress(ctx, id, started, r.drainPhase(started), count)
+	return nil
+}
+
+// setProgress stores a drain's progress when it changed, so every replica
+// reports it (see statusLocked). A failed write is logged: the next tick
+// of driveDrains writes again.
+func (r *Registry) setProgress(ctx context.Context, id string, d Drain, phase string, remaining int) {
+	r.mu.Lock()
+	var cur *DrainProgress
+	if n, ok := r.nodes[id]; ok {
+		cur = n.rec.Progress
+	}
+	r.mu.Unlock()
+	if cur != nil && cur.DrainStartedAt.Equal(d.StartedAt) && cur.Phase == phase && cur.Remaining == remaining {
+		return
+	}
+	p := DrainProgress{DrainStartedAt: d.StartedAt, Phase: phase, Remaining: remaining, UpdatedAt: time.Now().UTC()}
+	if err := r.store.SetDrainProgress(ctx, id, p); err != nil {
+		r.log.Warn("record drain progress", "node", id, "phase", phase, "err", err)
+		return
+	}
+	r.mu.Lock()
+	if n, ok := r.nodes[id]; ok {
+		n.rec.Progress = &p
+	}
+	r.mu.Unlock()
 }
 
 // Delete deregisters a node. Without force the node must be isolated and
@@ -153,9 +182,19 @@ func (r *Registry) checkHealth(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	for _, n := range late {
-		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeTimeout)
-		_, err := n.client.Info(pctx)
-		cancel()
+		r.mu.Lock()
+		cl := n.client
+		r.mu.Unlock()
+		err := r.probe(ctx, cl)
+		if err != nil {
+			// The cubelet may have re-registered (new token or address)
+			// through another replica since the Sync above: re-read its
+			// record and probe once more with the new client rather than
+			// call a live node Down for a stale token.
+			if fresh, changed := r.reloadClient(ctx, n, cl); changed {
+				err = r.probe(ctx, fresh)
+			}
+		}
 		r.mu.Lock()
 		if err == nil {
 			n.lastBeat = time.Now() // alive but not heartbeating: keep it, say why
@@ -165,18 +204,40 @@ func (r *Registry) checkHealth(ctx context.Context) {
 			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", time.Since(n.lastBeat).Round(time.Second), err)
 			r.log.Warn("node down", "node", n.rec.ID, "reason", n.reason)
 		}
-		down, reason, id := n.down, n.reason, n.rec.ID
+		down, reason, id, judged := n.down, n.reason, n.rec.ID, n.lastBeat
 		r.mu.Unlock()
-		if _, err := r.persist(ctx, id, func(rec *NodeRecord, found bool) error {
+		stored, err := r.persist(ctx, id, func(rec *NodeRecord, found bool) error {
 			if !found {
 				return fmt.Errorf("node %s: %w", id, errdefs.ErrNotFound)
 			}
+			if down && rec.LastHeartbeat.After(judged) {
+				// A heartbeat or registration reached another replica
+				// after the judgement: the node is alive.
+				return nil
+			}
 			rec.Down, rec.DownReason = down, reason
 			return nil
-		}); err != nil {
+		})
+		if err != nil {
 			r.log.Warn("record node health", "node", id, "err", err)
+			continue
+		}
+		if down && !stored.Down {
+			r.mu.Lock()
+			n.down, n.reason = false, ""
+			if stored.LastHeartbeat.After(n.lastBeat) {
+				n.lastBeat = stored.LastHeartbeat
+			}
+			r.mu.Unlock()
 		}
 	}
+}
+
+func (r *Registry) probe(ctx context.Context, cl *nodeapi.Client) error {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeTimeout)
+	defer cancel()
+	_, err := cl.Info(pctx)
+	return err
 }
 
 // driveDrains advances every drain: after the grace period, kill the
@@ -199,10 +260,19 @@ func (r *Registry) driveDrains(ctx context.Context) {
 	for _, j := range jobs {
 		phase := r.drainPhase(j.drain)
 		r.mu.Lock()
-		if n, ok := r.nodes[j.id]; ok && n.phase != "done" {
-			n.phase = phase // visible while the kills below run
+		n, ok := r.nodes[j.id]
+		var prev *DrainProgress
+		count := 0
+		if ok {
+			prev, count = n.rec.Progress, n.count
 		}
 		r.mu.Unlock()
+		if !ok {
+			continue
+		}
+		if prev == nil || !prev.DrainStartedAt.Equal(j.drain.StartedAt) || prev.Phase != "done" {
+			r.setProgress(ctx, j.id, j.drain, phase, count) // visible while the kills below run
+		}
 		if phase == "killing" && life != nil {
 			all, err := r.index.AllSandboxes(ctx)
 			if err != nil {
@@ -216,15 +286,17 @@ func (r *Registry) driveDrains(ctx context.Context) {
 				}
 			}
 		}
-		r.recount(ctx)
-		r.mu.Lock()
-		if n, ok := r.nodes[j.id]; ok {
-			n.phase = phase
-			if n.count == 0 && phase != "grace" {
-				n.phase = "done"
-			}
+		if err := r.recount(ctx); err != nil {
+			r.log.Warn("drain: recount", "node", j.id, "err", err)
+			continue
 		}
+		r.mu.Lock()
+		count = n.count
 		r.mu.Unlock()
+		if count == 0 && phase != "grace" {
+			phase = "done"
+		}
+		r.setProgress(ctx, j.id, j.drain, phase, count)
 	}
 }
 

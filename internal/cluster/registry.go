@@ -88,7 +88,6 @@ type node struct {
 	usedMemMB int64
 	count     int
 	inflight  int
-	phase     string // drain phase
 }
 
 func (n *node) state() State {
@@ -155,14 +154,35 @@ func (r *Registry) Load(ctx context.Context) error {
 
 // Sync merges node records written by other server replicas (new nodes,
 // heartbeats they received, Down decisions of the leader, operator
-// actions) into this replica's view.
+// actions, drain progress) into this replica's view and recounts capacity
+// from the sandbox records.
 func (r *Registry) Sync(ctx context.Context) error {
-	recs, err := r.store.ListNodes(ctx)
-	if err != nil {
+	if err := r.Refresh(ctx); err != nil {
 		return err
 	}
+	return r.recount(ctx)
+}
+
+// Refresh merges the stored node records into this replica's view, with
+// one query on the nodes table and no recount: cheap enough to run before
+// every scheduling decision and every node listing, so that operator state
+// written through another replica (isolate, uncordon, drain), a new token
+// of a re-registered node and drain progress take effect at once instead
+// of at the next Sync.
+func (r *Registry) Refresh(ctx context.Context) error {
+	recs, err := r.store.ListNodes(ctx)
+	if err != nil {
+		return fmt.Errorf("read node records: %w", err)
+	}
+	r.merge(recs)
+	return nil
+}
+
+// merge replaces this replica's records with recs (the whole table).
+func (r *Registry) merge(recs []NodeRecord) {
 	seen := map[string]bool{}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for _, rec := range recs {
 		seen[rec.ID] = true
 		n, ok := r.nodes[rec.ID]
@@ -184,8 +204,6 @@ func (r *Registry) Sync(ctx context.Context) error {
 			delete(r.nodes, id)
 		}
 	}
-	r.mu.Unlock()
-	return r.recount(ctx)
 }
 
 // SyncLoop runs Sync every heartbeat interval until ctx ends. Every server
@@ -407,7 +425,16 @@ func (r *Registry) statusLocked(n *node) NodeStatus {
 		st.Templates = append(st.Templates, t.Name)
 	}
 	if d := n.rec.Drain; d != nil {
-		st.Drain = &DrainState{Policy: d.Policy, Phase: n.phase, StartedAt: d.StartedAt, Remaining: n.count}
+		st.Drain = &DrainState{Policy: d.Policy, StartedAt: d.StartedAt}
+		if p := n.rec.Progress; p != nil && p.DrainStartedAt.Equal(d.StartedAt) {
+			// What the replica driving the drain stored: the same on
+			// every replica.
+			st.Drain.Phase, st.Drain.Remaining = p.Phase, p.Remaining
+		} else {
+			// Nothing stored for this drain yet: the phase the clock
+			// gives and this replica's count.
+			st.Drain.Phase, st.Drain.Remaining = r.drainPhase(*d), n.count
+		}
 	}
 	return st
 }

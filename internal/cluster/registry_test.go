@@ -16,7 +16,9 @@ import (
 // lifecycleRecorder is the master's side as seen by the registry: it
 // forgets sandboxes in the real store and records what was asked.
 type lifecycleRecorder struct {
-	st        *store.SQLite
+	st interface {
+		DeleteSandbox(context.Context, string) error
+	}
 	mu        sync.Mutex
 	forgotten []string
 }
@@ -244,7 +246,7 @@ func TestRecountKeepsUnrecordedCreates(t *testing.T) {
 	if err := r.Register(ctx, rec("n1", "v0.5.0")); err != nil {
 		t.Fatal(err)
 	}
-	_, release, err := r.reserve("fresh", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	_, _, release, err := r.reserve("fresh", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +267,7 @@ func TestRecountKeepsUnrecordedCreates(t *testing.T) {
 		t.Fatalf("recorded: counted once? %+v", got)
 	}
 	// A failed create gives everything back.
-	_, release, _ = r.reserve("failed", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	_, _, release, _ = r.reserve("failed", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
 	release(false)
 	r.recount(ctx)
 	if got, _ := r.Node("n1"); got.Sandboxes != 1 || got.UsedCPU != 2 {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -41,12 +42,12 @@ func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate
 // reserve picks a node for req and accounts for the sandbox at once, so
 // concurrent creates never oversubscribe a node. release(ok) ends the
 // in-flight create; on failure it returns the capacity.
-func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node, func(ok bool), error) {
+func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node, *nodeapi.Client, func(ok bool), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	id, err := Pick(r.candidatesLocked(req.Template, fetchable), req)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	n := r.nodes[id]
 	n.inflight++
@@ -54,7 +55,7 @@ func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node
 	n.usedMemMB += req.MemoryMB
 	r.recent[sandboxID] = time.Now()
 	r.holds[sandboxID] = hold{node: id, cpu: req.CPU, memMB: req.MemoryMB, at: time.Now()}
-	return n, func(ok bool) {
+	return n, n.client, func(ok bool) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		n.inflight--
@@ -72,6 +73,46 @@ func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node
 	}, nil
 }
 
+// call runs fn with a node's client. A node that answers Unauthenticated
+// may have re-registered with a new token (or address) through another
+// replica: re-read its record and, if the client changed, run fn once more
+// with the new one. A call refused for its token did nothing on the node,
+// so running it again is safe.
+func (r *Registry) call(ctx context.Context, n *node, cl *nodeapi.Client, fn func(*nodeapi.Client) error) error {
+	err := fn(cl)
+	if !errors.Is(err, errdefs.ErrUnauthenticated) {
+		return err
+	}
+	fresh, changed := r.reloadClient(ctx, n, cl)
+	if changed {
+		r.log.Info("node re-registered through another replica; retrying with its new token", "node", n.rec.ID)
+		if err = fn(fresh); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			return err
+		}
+	}
+	// The node refuses the token its stored record holds: it has restarted
+	// and not registered again yet (its next attempt fixes it), or it
+	// registered with another server. The caller's own credentials are
+	// fine, so this must not reach the API as a 401 (the SDK would report a
+	// bad API key): the node is unavailable for now.
+	return fmt.Errorf("node %s: %v (it restarted and has not registered again yet; retry): %w", n.rec.ID, err, errdefs.ErrUnavailable)
+}
+
+// reloadClient re-reads the node records and returns n's client if it is
+// no longer old.
+func (r *Registry) reloadClient(ctx context.Context, n *node, old *nodeapi.Client) (*nodeapi.Client, bool) {
+	if err := r.Refresh(ctx); err != nil {
+		r.log.Warn("re-read node record", "node", n.rec.ID, "err", err)
+		return nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n.client == old {
+		return nil, false
+	}
+	return n.client, true
+}
+
 // CreateSandbox schedules a sandbox onto a node and creates it there.
 func (r *Registry) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
 	tpl, err := r.Template(ctx, req.Template)
@@ -86,11 +127,20 @@ func (r *Registry) CreateSandbox(ctx context.Context, req cubelet.CreateRequest)
 		mem = tpl.MemoryMB
 	}
 	_, serr := r.serverTemplate(ctx, req.Template)
-	n, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, serr == nil)
+	// Schedule on the stored operator state (isolate, uncordon, drain may
+	// have gone through another replica), not on the last Sync's.
+	if err := r.Refresh(ctx); err != nil {
+		return cubelet.Sandbox{}, err
+	}
+	n, cl, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, serr == nil)
 	if err != nil {
 		return cubelet.Sandbox{}, err
 	}
-	sb, err := n.client.CreateSandbox(ctx, req)
+	var sb cubelet.Sandbox
+	err = r.call(ctx, n, cl, func(cl *nodeapi.Client) (err error) {
+		sb, err = cl.CreateSandbox(ctx, req)
+		return err
+	})
 	release(err == nil)
 	if err != nil {
 		return cubelet.Sandbox{}, fmt.Errorf("node %s: %w", n.rec.ID, err)
@@ -147,7 +197,7 @@ func (r *Registry) KillSandbox(ctx context.Context, id string) error {
 		}
 		return err
 	}
-	if err := cl.KillSandbox(ctx, id); err != nil {
+	if err := r.call(ctx, n, cl, func(cl *nodeapi.Client) error { return cl.KillSandbox(ctx, id) }); err != nil {
 		return err
 	}
 	return r.recount(ctx)
@@ -159,7 +209,11 @@ func (r *Registry) SandboxAddr(ctx context.Context, id string, port uint16) (str
 	if err != nil {
 		return "", err
 	}
-	hp, err := cl.HostPort(ctx, id, port)
+	var hp uint16
+	err = r.call(ctx, n, cl, func(cl *nodeapi.Client) (err error) {
+		hp, err = cl.HostPort(ctx, id, port)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}
@@ -168,29 +222,34 @@ func (r *Registry) SandboxAddr(ctx context.Context, id string, port uint16) (str
 
 // SandboxMetrics reads a sandbox's counters on its node.
 func (r *Registry) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
-	_, cl, err := r.liveClient(ctx, id)
+	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
 		return cubelet.Metrics{}, err
 	}
-	return cl.SandboxMetrics(ctx, id)
+	var m cubelet.Metrics
+	err = r.call(ctx, n, cl, func(cl *nodeapi.Client) (err error) {
+		m, err = cl.SandboxMetrics(ctx, id)
+		return err
+	})
+	return m, err
 }
 
 // PauseSandbox freezes a sandbox on its node.
 func (r *Registry) PauseSandbox(ctx context.Context, id string) error {
-	_, cl, err := r.liveClient(ctx, id)
+	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
 		return err
 	}
-	return cl.PauseSandbox(ctx, id)
+	return r.call(ctx, n, cl, func(cl *nodeapi.Client) error { return cl.PauseSandbox(ctx, id) })
 }
 
 // ResumeSandbox thaws a sandbox on its node.
 func (r *Registry) ResumeSandbox(ctx context.Context, id string) error {
-	_, cl, err := r.liveClient(ctx, id)
+	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
 		return err
 	}
-	return cl.ResumeSandbox(ctx, id)
+	return r.call(ctx, n, cl, func(cl *nodeapi.Client) error { return cl.ResumeSandbox(ctx, id) })
 }
 
 // UpdateNetwork changes a sandbox's egress policy on its node.
@@ -198,11 +257,13 @@ func (r *Registry) UpdateNetwork(ctx context.Context, id string, p master.Networ
 	if p.Network.EgressProxy != nil || len(p.Network.Rules) > 0 {
 		return fmt.Errorf("network.egressProxy and network.rules are not supported by this node: %w", errdefs.ErrNotImplemented)
 	}
-	_, cl, err := r.liveClient(ctx, id)
+	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
 		return err
 	}
-	return cl.UpdateEgress(ctx, id, p.AllowInternet, p.Network.AllowOut, p.Network.DenyOut)
+	return r.call(ctx, n, cl, func(cl *nodeapi.Client) error {
+		return cl.UpdateEgress(ctx, id, p.AllowInternet, p.Network.AllowOut, p.Network.DenyOut)
+	})
 }
 
 // Template reports a template's defaults: from the server's registry (it

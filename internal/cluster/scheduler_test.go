@@ -92,7 +92,7 @@ func TestReserveUnderConcurrency(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			n, release, err := r.reserve("sb"+string(rune('a'+i%26))+string(rune('a'+i/26)), Request{Template: "base", CPU: 2, MemoryMB: 256}, false)
+			n, _, release, err := r.reserve("sb"+string(rune('a'+i%26))+string(rune('a'+i/26)), Request{Template: "base", CPU: 2, MemoryMB: 256}, false)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

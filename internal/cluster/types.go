@@ -78,11 +78,25 @@ type NodeRecord struct {
 	// kept in the record so every replica serves it; nil from cubelets
 	// that do not report it.
 	Health *NodeHealth `json:"health,omitempty"`
+	// Progress is the drain progress the leader last stored; kept apart
+	// from the document (NodeStore.SetDrainProgress), nil when none.
+	Progress *DrainProgress `json:"-"`
+}
+
+// DrainProgress is where the replica driving a drain has got to, stored so
+// that every replica reports the same phase. It belongs to the drain that
+// started at DrainStartedAt; a newer drain ignores it.
+type DrainProgress struct {
+	DrainStartedAt time.Time `json:"drainStartedAt"`
+	Phase          string    `json:"phase"` // grace, waiting, killing, done
+	Remaining      int       `json:"remaining"`
+	UpdatedAt      time.Time `json:"updatedAt"`
 }
 
 // NodeStore persists node records (the server's SQL store implements it).
 type NodeStore interface {
 	PutNode(ctx context.Context, n NodeRecord) error
+	SetDrainProgress(ctx context.Context, id string, p DrainProgress) error
 	DeleteNode(ctx context.Context, id string) error
 	ListNodes(ctx context.Context) ([]NodeRecord, error)
 }

@@ -196,7 +196,7 @@ func TestNodeDataOnBothBackends(t *testing.T) {
 		}
 		wg.Wait()
 		docs, err := rs[1].ListNodeData(ctx)
-		if err != nil || len(docs) != 1 || len(docs["n1"]) == 0 {
+		if err != nil || len(docs) != 1 || len(docs["n1"].Data) == 0 {
 			t.Fatalf("nodes after concurrent upserts: %v, %v", docs, err)
 		}
 		if err := rs[0].DeleteNodeData(ctx, "n1"); err != nil {

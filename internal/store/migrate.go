@@ -61,6 +61,11 @@ var migrations = []string{
 	// 3: the traffic access token required on non-envd ports when a
 	// sandbox's public traffic is disabled ('' = public).
 	`ALTER TABLE sandboxes ADD COLUMN traffic_access_token TEXT NOT NULL DEFAULT '';`,
+	// 4: a node's drain progress (phase, remaining sandboxes), written by
+	// the replica that drives drains and read by every replica. A column of
+	// its own, updated alone, so progress writes never race with the
+	// read-modify-write of the registration document ('' = none).
+	`ALTER TABLE nodes ADD COLUMN progress TEXT NOT NULL DEFAULT '';`,
 }
 
 // LatestSchemaVersion is the schema version this binary writes.

@@ -34,7 +34,8 @@ type Store interface {
 
 	PutNodeData(ctx context.Context, id string, data []byte) error
 	DeleteNodeData(ctx context.Context, id string) error
-	ListNodeData(ctx context.Context) (map[string][]byte, error)
+	SetNodeProgress(ctx context.Context, id string, progress []byte) error
+	ListNodeData(ctx context.Context) (map[string]NodeData, error)
 
 	SchemaVersion(ctx context.Context) (int, error)
 	Close() error

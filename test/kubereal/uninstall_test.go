@@ -209,9 +209,10 @@ func reinstall(t *testing.T) {
 	// The database outlives the release, so the new server loads the node's
 	// old record and reports it Ready at once, with the old node token; the
 	// new cubelet registers only when its backoff (up to 15 s, the server
-	// came up after it) lets it. Until then a create answers "missing or
-	// wrong node token" (a known defect, issue 20's notes): wait for the
-	// registration, which is what makes the node serve.
+	// came up after it) lets it. Until then a create answers 503 "node ...
+	// missing or wrong node token ... has not registered again yet; retry"
+	// (before this suite found it: a 401 that blamed the user's API key):
+	// wait for the registration, which is what makes the node serve.
 	waitFor(t, "the new cubelet to register with the new server", 2*time.Minute, time.Second, func(ctx context.Context) (bool, string) {
 		logs, err := kubectl(ctx, "logs", pod.Name, "-c", "cubelet")
 		if err != nil {
