@@ -380,3 +380,42 @@ func TestDrainProgressSharedByReplicas(t *testing.T) {
 		t.Fatalf("new drain through B: %+v", d)
 	}
 }
+
+// A node that moves (its new Pod has another address: a change of
+// cubeNode.hostNetwork) and registers through replica A is reached by
+// replica B at the new address before B's next Sync: found on the real
+// cluster, where the first sandbox after a flip was unreachable through the
+// replica that still dialled the old Pod IP.
+func TestMovedNodeReachedThroughOtherReplica(t *testing.T) {
+	rs, sts := replicas(t, 2, Config{HeartbeatInterval: time.Hour})
+	a, b := rs[0], rs[1]
+	ctx := context.Background()
+	old := newTokenNode(t, "t1")
+	if err := a.Register(ctx, old.record("t1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := sts[0].CreateSandbox(ctx, store.Sandbox{ID: "sb1", TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
+		State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	moved := newTokenNode(t, "t2")
+	old.srv.Close() // the old Pod is gone: its address refuses connections
+	if err := a.Register(ctx, moved.record("t2")); err != nil {
+		t.Fatal(err)
+	}
+	// A per-sandbox call (as the proxy's and the API's are): no re-read of
+	// the node records before it, only after the old address failed.
+	if err := b.PauseSandbox(ctx, "sb1"); err != nil {
+		t.Fatalf("pause through B after the node moved (registered through A): %v", err)
+	}
+	moved.mu.Lock()
+	paused := strings.Join(moved.paused, ",")
+	moved.mu.Unlock()
+	if paused != "sb1" {
+		t.Fatalf("the moved node saw pauses %q, want sb1", paused)
+	}
+}

@@ -80,6 +80,17 @@ func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node
 // so running it again is safe.
 func (r *Registry) call(ctx context.Context, n *node, cl *nodeapi.Client, fn func(*nodeapi.Client) error) error {
 	err := fn(cl)
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		// The node may have moved (a new Pod with another address, e.g.
+		// after a hostNetwork change) and registered through another
+		// replica: the old address refuses connections. Retry at the new
+		// one; the old address never took the call.
+		if fresh, changed := r.reloadClient(ctx, n, cl); changed {
+			r.log.Info("node moved (registered through another replica); retrying at its new address", "node", n.rec.ID)
+			return fn(fresh)
+		}
+		return err
+	}
 	if !errors.Is(err, errdefs.ErrUnauthenticated) {
 		return err
 	}
