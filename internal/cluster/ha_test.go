@@ -119,6 +119,32 @@ func (n *tokenNode) UpdateEgress(context.Context, string, cubevs.EgressPolicy) e
 }
 func (n *tokenNode) Sandboxes(context.Context) ([]cubelet.Sandbox, error) { return nil, nil }
 
+// storeRunning records running sandboxes on node n1, as the master does
+// after a create.
+func storeRunning(t *testing.T, st store.Store, ids ...string) {
+	t.Helper()
+	now := time.Now()
+	for _, id := range ids {
+		if err := st.CreateSandbox(context.Background(), store.Sandbox{ID: id, TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
+			State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// registeredOnBoth registers node (token t1) through a and syncs b, so both
+// replicas know it.
+func registeredOnBoth(t *testing.T, a, b *Registry, node *tokenNode) {
+	t.Helper()
+	ctx := context.Background()
+	if err := a.Register(ctx, node.record("t1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func createReq(id string) cubelet.CreateRequest {
 	return cubelet.CreateRequest{SandboxID: id, Template: "base", EnvdAccessToken: "x"}
 }
@@ -130,12 +156,7 @@ func TestReRegistrationThroughOtherReplica(t *testing.T) {
 	a, b := rs[0], rs[1]
 	ctx := context.Background()
 	node := newTokenNode(t, "t1")
-	if err := a.Register(ctx, node.record("t1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	registeredOnBoth(t, a, b, node)
 	if _, err := b.CreateSandbox(ctx, createReq("sb1")); err != nil {
 		t.Fatalf("create with the first token: %v", err)
 	}
@@ -150,11 +171,7 @@ func TestReRegistrationThroughOtherReplica(t *testing.T) {
 	}
 
 	// Per-sandbox calls go the same way.
-	now := time.Now()
-	if err := sts[0].CreateSandbox(ctx, store.Sandbox{ID: "sb2", TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
-		State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"}); err != nil {
-		t.Fatal(err)
-	}
+	storeRunning(t, sts[0], "sb2")
 	node.restart("t3")
 	if err := a.Register(ctx, node.record("t3")); err != nil {
 		t.Fatal(err)
@@ -241,12 +258,7 @@ func TestOperatorStateSharedForScheduling(t *testing.T) {
 	a, b := rs[0], rs[1]
 	ctx := context.Background()
 	node := newTokenNode(t, "t1")
-	if err := a.Register(ctx, node.record("t1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
+	registeredOnBoth(t, a, b, node)
 	if err := a.Isolate(ctx, "n1"); err != nil {
 		t.Fatal(err)
 	}
@@ -296,13 +308,7 @@ func TestDrainProgressSharedByReplicas(t *testing.T) {
 	if err := leader.Register(ctx, node.record("t1")); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	for _, id := range []string{"sb1", "sb2"} {
-		if err := sts[0].CreateSandbox(ctx, store.Sandbox{ID: id, TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
-			State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	storeRunning(t, sts[0], "sb1", "sb2")
 	if err := b.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -391,17 +397,8 @@ func TestMovedNodeReachedThroughOtherReplica(t *testing.T) {
 	a, b := rs[0], rs[1]
 	ctx := context.Background()
 	old := newTokenNode(t, "t1")
-	if err := a.Register(ctx, old.record("t1")); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	if err := sts[0].CreateSandbox(ctx, store.Sandbox{ID: "sb1", TemplateID: "base", NodeID: "n1", StartedAt: now, EndAt: now.Add(time.Hour),
-		State: store.StateRunning, CPUCount: 2, MemoryMB: 512, EnvdVersion: "0.5.7", EnvdAccessToken: "x"}); err != nil {
-		t.Fatal(err)
-	}
+	registeredOnBoth(t, a, b, old)
+	storeRunning(t, sts[0], "sb1")
 	moved := newTokenNode(t, "t2")
 	old.srv.Close() // the old Pod is gone: its address refuses connections
 	if err := a.Register(ctx, moved.record("t2")); err != nil {
