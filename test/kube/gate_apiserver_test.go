@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/hostnetgate"
@@ -21,17 +22,10 @@ import (
 // client-go client against a real kube-apiserver holding a live cube-node
 // DaemonSet with hostNetwork: true.
 func TestHostNetGateAgainstAPIServer(t *testing.T) {
-	cfg := realAPIServer(t)
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	const ns = "cube-gate"
+	cfg, kc := apiServerNamespace(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const ns = "cube-gate"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
 	gate, err := hostnetgate.NewKube(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -87,4 +81,21 @@ func TestHostNetGateAgainstAPIServer(t *testing.T) {
 	if d, err := hostnetgate.Run(ctx, gate, ns, "cube-node", true, false); err != nil || !d.Allow {
 		t.Errorf("unchanged hostNetwork = %+v, %v", d, err)
 	}
+}
+
+// apiServerNamespace returns the real kube-apiserver's config, a client for
+// it and namespace ns created there (kept if it exists).
+func apiServerNamespace(t *testing.T, ns string) (*rest.Config, kubernetes.Interface) {
+	t.Helper()
+	cfg := realAPIServer(t)
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	return cfg, kc
 }

@@ -7,10 +7,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/cube-dev/cube/internal/hostnetgate"
 )
@@ -23,17 +20,10 @@ import (
 // without a cluster (helm template) the render passes and the hook still
 // carries the check.
 func TestHostNetworkGateAtRenderTime(t *testing.T) {
-	cfg := realAPIServer(t)
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	const ns = "cube-gate-lookup"
+	cfg, kc := apiServerNamespace(t, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const ns = "cube-gate-lookup"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
 	const podNetwork = "cubeNode: {hostNetwork: false}"
 	const podNetworkAck = "cubeNode: {hostNetwork: false, hostNetworkChangeAck: true}"
 
@@ -80,7 +70,7 @@ func TestHostNetworkGateAtRenderTime(t *testing.T) {
 
 	// helm template / client-side dry run: lookup is empty, the render
 	// passes and the hook Job carries the same check to the cluster.
-	objs, err = Render(chartDir, podNetwork)
+	objs, err := Render(chartDir, podNetwork)
 	if err != nil {
 		t.Fatalf("helm template of the flip: %v", err)
 	}
