@@ -28,19 +28,20 @@ type DrainRequest struct {
 //	DELETE /nodes/{id}[?force=true]
 //
 // Every route needs an API key (X-API-Key or Authorization: Bearer).
-// Reads first merge the stored node records (Registry.Refresh), so every
-// replica reports the same operator state and drain progress.
+// Reads first merge the stored node records and recount the sandboxes
+// (Registry.Sync), so every replica reports the same operator state, drain
+// progress and sandbox counts.
 func NewAdminHandler(r *Registry, keys KeyVerifier) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /nodes", func(w http.ResponseWriter, req *http.Request) {
-		if err := r.Refresh(req.Context()); err != nil {
+		if err := r.Sync(req.Context()); err != nil {
 			writeErr(w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, r.Nodes())
 	})
 	mux.HandleFunc("GET /nodes/{id}", func(w http.ResponseWriter, req *http.Request) {
-		if err := r.Refresh(req.Context()); err != nil {
+		if err := r.Sync(req.Context()); err != nil {
 			writeErr(w, err)
 			return
 		}

@@ -416,3 +416,32 @@ func TestMovedNodeReachedThroughOtherReplica(t *testing.T) {
 		t.Fatalf("the moved node saw pauses %q, want sb1", paused)
 	}
 }
+
+// GET /nodes through a replica counts the sandboxes another replica
+// recorded or removed, at once: found on the real cluster, where after a
+// drain killed every sandbox `cube node ls` through the other replica still
+// showed 4 until its next Sync.
+func TestNodeListingCountsOtherReplicasSandboxes(t *testing.T) {
+	rs, sts := replicas(t, 2, Config{HeartbeatInterval: time.Hour})
+	a, b := rs[0], rs[1]
+	ctx := context.Background()
+	registeredOnBoth(t, a, b, newTokenNode(t, "t1"))
+	storeRunning(t, sts[0], "sb1", "sb2")
+	key, err := sts[1].CreateKey(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(NewAdminHandler(b, sts[1]))
+	defer api.Close()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, api.URL+"/nodes/n1", nil)
+	req.Header.Set("X-API-Key", key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var st NodeStatus
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || st.Sandboxes != 2 {
+		t.Fatalf("GET /nodes/n1 through B after A recorded 2 sandboxes: %+v, %v", st, err)
+	}
+}
