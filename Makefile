@@ -57,6 +57,10 @@ vet: ## go vet every package.
 unit: ## Unit and integration tests (root: real namespaces, nftables, cgroups; envtest kube-apiserver).
 	KUBEBUILDER_ASSETS="$$(bash hack/kube-test-assets.sh)" $(GO_TEST) -timeout 30m $$(go list ./... | grep -v /test/kubereal)
 
+.PHONY: unit-nonroot
+unit-nonroot: ## The same tests as an unprivileged user: pure tests run, root-only ones SKIP with a reason (~10 min cold; not in test).
+	bash hack/unit-nonroot.sh
+
 .PHONY: kube-assets
 kube-assets: ## Build kube-apiserver and etcd for envtest from the Go module proxy (cached by version; 6-13 min cold).
 	@bash hack/kube-test-assets.sh

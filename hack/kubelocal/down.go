@@ -268,7 +268,6 @@ func unmountUnder(dirs ...string) error {
 	return errors.Join(errs...)
 }
 
-
 // removeLinks deletes the pod network's bridge and any veth still on it.
 func removeLinks(ctx context.Context) error {
 	if _, err := os.Stat("/sys/class/net/cni0"); err != nil {

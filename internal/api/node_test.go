@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/nodeproto"
 )
 
 // listenNode is a Node whose sandboxes are real HTTP servers on 127.0.0.1,
@@ -61,14 +61,14 @@ func sandboxHandler(id string, release <-chan struct{}) http.Handler {
 	return mux
 }
 
-func (n *listenNode) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
+func (n *listenNode) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.createErr != nil {
-		return cubelet.Sandbox{}, n.createErr
+		return nodeproto.Sandbox{}, n.createErr
 	}
 	n.servers[req.SandboxID] = httptest.NewServer(sandboxHandler(req.SandboxID, n.release))
-	return cubelet.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
+	return nodeproto.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
 		EnvdVersion: "0.2.4", CPUCount: 2, MemoryMB: 1024, DiskSizeMB: 4096, StartedAt: time.Now()}, nil
 }
 
@@ -108,8 +108,8 @@ func (n *listenNode) SandboxAddr(ctx context.Context, id string, port uint16) (s
 	return srv.Listener.Addr().String(), nil
 }
 
-func (n *listenNode) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
-	return cubelet.Metrics{Timestamp: time.Now(), CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20, MemTotal: 1 << 30}, nil
+func (n *listenNode) SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error) {
+	return nodeproto.Metrics{Timestamp: time.Now(), CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20, MemTotal: 1 << 30}, nil
 }
 
 func (n *listenNode) PauseSandbox(ctx context.Context, id string) error {

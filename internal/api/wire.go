@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -133,7 +133,7 @@ func (s *server) toDetail(sb store.Sandbox) detailJSON {
 	return d
 }
 
-func toMetric(m cubelet.Metrics) metricJSON {
+func toMetric(m nodeproto.Metrics) metricJSON {
 	return metricJSON{
 		Timestamp: m.Timestamp.UTC(), TimestampUnix: m.Timestamp.Unix(), CPUCount: m.CPUCount, CPUUsedPct: m.CPUUsedPct,
 		MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,

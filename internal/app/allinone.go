@@ -1,6 +1,10 @@
-// Package app composes Cube's components into runnable roles. `cube up`
-// (all-in-one) wires the server roles (api, master, proxy) to an
-// in-process cubelet; the wiring is written out here in one place.
+// Package app composes Cube's components into runnable roles: `cube
+// server` (api, master, proxy and the node registry), `cube cubelet` (the
+// node agent, registering with servers over HTTP) and `cube up`
+// (all-in-one). All-in-one is the two in one process: the registry reaches
+// its node through the same CubeletService handler in-process (no network
+// hop) and the node registers through the same RegistryService, so a
+// create takes the same path (registry, scheduler, node API) in both modes.
 package app
 
 import (
@@ -17,15 +21,21 @@ import (
 	"sync/atomic"
 	"time"
 
+	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
+	"github.com/cube-dev/cube/api/gen/node/v1/nodev1connect"
 	"github.com/cube-dev/cube/internal/api"
+	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/envd"
 	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/nodeapi"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/proxy"
 	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatedist"
+	"github.com/cube-dev/cube/internal/version"
 )
 
 // AllInOneConfig configures `cube up`.
@@ -50,6 +60,9 @@ type AllInOneConfig struct {
 	Out               io.Writer // user-facing output (progress, exports)
 }
 
+// LocalNodeID is the node id of an all-in-one Cube's in-process node.
+const LocalNodeID = "local"
+
 // RunAllInOne starts server and cubelet on this machine and blocks until ctx
 // is cancelled, then shuts down cleanly.
 func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
@@ -72,14 +85,14 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	}
 
 	cfg.Network.RunDir = cfg.RunDir
-	// The master is built after the node; dead sandboxes the node reaps are
+	// The master is built after the node; sandboxes the node finds dead are
 	// forgotten by it once it exists.
 	var lifecycle atomic.Pointer[master.Master]
 	node, err := cubelet.New(ctx, cubelet.Config{
-		OnReaped: func(id string) {
+		OnDead: func(id string) {
 			if m := lifecycle.Load(); m != nil {
 				if err := m.Forget(context.Background(), id); err != nil {
-					log.Warn("forget reaped sandbox", "sandbox", id, "err", err)
+					log.Warn("forget dead sandbox", "sandbox", id, "err", err)
 				}
 			}
 		},
@@ -110,15 +123,64 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	if err != nil {
 		return err
 	}
+	if n, err := st.PlaceUnplaced(ctx, LocalNodeID); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("sandboxes recorded before all-in-one scheduled through the registry now belong to its node", "node", LocalNodeID, "sandboxes", n)
+	}
 
-	m := master.New(st, localNode{Cubelet: node, templates: templates}, master.Config{
-		Domain: cfg.Domain, Logger: log.With("role", "cubemaster"),
-	})
+	// The node is reached in-process through the same CubeletService
+	// handler a remote server calls over HTTP, and registers and
+	// heartbeats through the same RegistryService: creates take the
+	// cluster's path (registry, scheduler, node API).
+	var check *selfCheck
+	// The registry requires a token of every node; nothing checks this one
+	// (there is no listener to present it to).
+	ident := nodeIdentity{ID: LocalNodeID, RPCURL: "in-process", DataIP: node.DataIP().String(), Token: randomToken(),
+		// No limits of the scheduler's: the node's own gates (create
+		// parallelism, addresses, ports) bound it, as on any one machine.
+		Capacity: &nodev1.Capacity{}}
+	info := func(ctx context.Context) (*nodev1.NodeInfo, error) { return ident.infoFunc(templates, check)(ctx) }
+	local := nodeapi.NewInProcessClient(node, info)
+	check = newSelfCheck("in-process", local, filepath.Join(cfg.DataDir, "prep"), log.With("role", "cubelet"))
+	reg := cluster.NewRegistry(cluster.Config{
+		ServerVersion: version.Version, Logger: log,
+		Templates: templatedist.Source{Registry: templates},
+		Connect: func(rec cluster.NodeRecord) *nodeapi.Client {
+			if rec.ID == LocalNodeID {
+				return local
+			}
+			return nodeapi.NewClient(http.DefaultClient, rec.RPCURL, rec.Token)
+		},
+	}, cluster.DocumentNodes{Docs: st}, st)
+	if err := reg.Load(ctx); err != nil {
+		return err
+	}
+	m := master.New(st, reg, master.Config{Domain: cfg.Domain, Logger: log.With("role", "cubemaster")})
+	reg.SetLifecycle(m)
 	lifecycle.Store(m)
 	if err := m.Restore(ctx); err != nil {
 		return fmt.Errorf("restore sandboxes: %w", err)
 	}
-	handler := proxy.New(m, api.New(m, st, log.With("role", "cube-api"), rateLimitOptions(cfg.RateLimits)...), cfg.Domain)
+	go reg.Run(ctx)
+	go reg.SyncLoop(ctx)
+	registered := make(chan struct{})
+	go heartbeater{nodeID: LocalNodeID, servers: []string{"in-process"},
+		clients: []nodev1connect.RegistryServiceClient{cluster.NewRegistryService(reg)},
+		node:    node, info: info, check: check, log: log.With("role", "cubelet"), registered: registered,
+	}.run(ctx)
+	select {
+	case <-registered:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	mux := http.NewServeMux()
+	admin := cluster.NewAdminHandler(reg, st)
+	mux.Handle("/nodes", admin)
+	mux.Handle("/nodes/", admin)
+	mux.Handle("/", api.New(m, st, log.With("role", "cube-api"), rateLimitOptions(cfg.RateLimits)...))
+	handler := proxy.New(m, mux, cfg.Domain)
 	// Sandbox addresses are routed in the host netns, which need not be ours.
 	handler.SetDialer(node.DialContext)
 

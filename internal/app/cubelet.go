@@ -95,14 +95,10 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	if cfg.PrepDir == "" {
 		cfg.PrepDir = filepath.Join(cfg.DataDir, "prep")
 	}
-	check := newSelfCheck(ln.Addr(), token, cfg.PrepDir, log)
-	info := func(ctx context.Context) (*nodev1.NodeInfo, error) {
-		ni, err := nodeInfo(ctx, cfg, templates, "http://"+net.JoinHostPort(cfg.AdvertiseIP, port), token)
-		if err == nil {
-			ni.Health = check.current()
-		}
-		return ni, err
-	}
+	check := newListenerCheck(ln.Addr(), token, cfg.PrepDir, log)
+	ident := nodeIdentity{ID: cfg.NodeID, RPCURL: "http://" + net.JoinHostPort(cfg.AdvertiseIP, port),
+		DataIP: cmp.Or(cfg.DataIP, cfg.AdvertiseIP), Token: token, Capacity: cfg.Capacity}
+	info := ident.infoFunc(templates, check)
 	mux := http.NewServeMux()
 	path, h := nodeapi.NewCubeletHandler(node, info, token)
 	mux.Handle(path, h)
@@ -112,7 +108,13 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("cubelet serving", "listen", ln.Addr().String(), "node", cfg.NodeID, "advertise", cfg.AdvertiseIP)
 
-	go heartbeatLoop(ctx, cfg, node, info, check)
+	hc := &http.Client{Timeout: 10 * time.Second}
+	hb := heartbeater{nodeID: cfg.NodeID, node: node, info: info, check: check, log: log}
+	for _, u := range cfg.ServerURLs {
+		hb.servers = append(hb.servers, u)
+		hb.clients = append(hb.clients, nodev1connect.NewRegistryServiceClient(hc, u, connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey))))
+	}
+	go hb.run(ctx)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -127,15 +129,28 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	return nil
 }
 
-func nodeInfo(ctx context.Context, cfg CubeletConfig, templates *template.Registry, rpcURL, token string) (*nodev1.NodeInfo, error) {
-	ts, err := templates.List(ctx)
-	if err != nil {
-		return nil, err
+// nodeIdentity is what a node registers as.
+type nodeIdentity struct {
+	ID       string
+	RPCURL   string // where the server reaches CubeletService
+	DataIP   string // where the server reaches the node's host ports
+	Token    string // bearer token the node's CubeletService accepts
+	Capacity *nodev1.Capacity
+}
+
+// infoFunc reports the node's identity with its current templates and
+// the last self-check.
+func (id nodeIdentity) infoFunc(templates *template.Registry, check *selfCheck) nodeapi.InfoFunc {
+	return func(ctx context.Context) (*nodev1.NodeInfo, error) {
+		ts, err := templates.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &nodev1.NodeInfo{
+			NodeId: id.ID, Version: version.Version, RpcUrl: id.RPCURL, DataIp: id.DataIP,
+			Capacity: id.Capacity, Templates: templatesToProto(ts), Token: id.Token, Health: check.current(),
+		}, nil
 	}
-	return &nodev1.NodeInfo{
-		NodeId: cfg.NodeID, Version: version.Version, RpcUrl: rpcURL, DataIp: cmp.Or(cfg.DataIP, cfg.AdvertiseIP),
-		Capacity: cfg.Capacity, Templates: templatesToProto(ts), Token: token,
-	}, nil
 }
 
 func templatesToProto(ts []template.Template) []*nodev1.Template {
@@ -147,88 +162,6 @@ func templatesToProto(ts []template.Template) []*nodev1.Template {
 	return out
 }
 
-// heartbeatLoop registers with the server (retrying with backoff) and then
-// heartbeats, each time with a fresh self-check (see selfCheck); it kills
-// sandboxes the server no longer knows and registers again when the server
-// asks.
-func heartbeatLoop(ctx context.Context, cfg CubeletConfig, node *cubelet.Cubelet, info func(context.Context) (*nodev1.NodeInfo, error), check *selfCheck) {
-	log := cfg.Logger
-	hc := &http.Client{Timeout: 10 * time.Second}
-	clients := make([]nodev1connect.RegistryServiceClient, len(cfg.ServerURLs))
-	for i, u := range cfg.ServerURLs {
-		clients[i] = nodev1connect.NewRegistryServiceClient(hc, u, connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey)))
-	}
-	cur := 0
-	// failover moves to the next server replica after a failed call; the
-	// new replica may not know this node yet, so register again.
-	failover := func() {
-		if len(clients) > 1 {
-			cur = (cur + 1) % len(clients)
-		}
-	}
-	interval, registered, backoff := 2*time.Second, false, 500*time.Millisecond
-	for {
-		client, server := clients[cur], cfg.ServerURLs[cur]
-		if !registered {
-			check.refresh(ctx)
-			ni, err := info(ctx)
-			if err == nil {
-				var res *connect.Response[nodev1.RegisterResponse]
-				res, err = client.Register(ctx, connect.NewRequest(&nodev1.RegisterRequest{Node: ni}))
-				if err == nil {
-					registered, backoff = true, 500*time.Millisecond
-					if ms := res.Msg.HeartbeatIntervalMs; ms > 0 {
-						interval = time.Duration(ms) * time.Millisecond
-					}
-					log.Info("registered with server", "server", server, "serverVersion", res.Msg.ServerVersion)
-				}
-			}
-			if err != nil {
-				log.Warn("register with server", "server", server, "err", nodeapi.FromConnect(err))
-				failover()
-				if !sleepCtx(ctx, backoff) {
-					return
-				}
-				backoff = min(backoff*2, 15*time.Second)
-				continue
-			}
-		}
-		if !sleepCtx(ctx, interval) {
-			return
-		}
-		sbs, err := node.Sandboxes(ctx)
-		if err != nil {
-			log.Warn("list sandboxes for heartbeat", "err", err)
-			continue
-		}
-		ids := make([]string, len(sbs))
-		for i, sb := range sbs {
-			ids[i] = sb.ID
-		}
-		hb := &nodev1.HeartbeatRequest{NodeId: cfg.NodeID, SandboxIds: ids, Health: check.refresh(ctx)}
-		if ni, err := info(ctx); err == nil {
-			hb.Templates = ni.Templates
-		}
-		res, err := client.Heartbeat(ctx, connect.NewRequest(hb))
-		if err != nil {
-			log.Warn("heartbeat", "server", server, "err", nodeapi.FromConnect(err))
-			failover()
-			registered = len(clients) == 1
-			continue
-		}
-		if res.Msg.Reregister {
-			registered = false
-			continue
-		}
-		for _, id := range res.Msg.KillSandboxIds {
-			log.Info("server no longer knows sandbox: removing it", "sandbox", id)
-			if err := node.KillSandbox(ctx, id); err != nil {
-				log.Warn("remove unknown sandbox", "sandbox", id, "err", err)
-			}
-		}
-	}
-}
-
 func apiKeyInterceptor(key string) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -237,17 +170,6 @@ func apiKeyInterceptor(key string) connect.UnaryInterceptorFunc {
 			}
 			return next(ctx, req)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

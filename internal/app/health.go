@@ -39,12 +39,19 @@ type selfCheck struct {
 	last *nodev1.NodeHealth
 }
 
-func newSelfCheck(ln net.Addr, token, prepDir string, log *slog.Logger) *selfCheck {
+// newListenerCheck probes a cubelet's CubeletService on its listener.
+func newListenerCheck(ln net.Addr, token, prepDir string, log *slog.Logger) *selfCheck {
 	addr := "http://" + selfAddr(ln)
 	// A new connection per probe: a kept-alive one would answer after the
 	// listener itself stopped accepting.
 	hc := &http.Client{Timeout: selfCheckTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
-	return &selfCheck{prepDir: prepDir, addr: addr, client: nodeapi.NewClient(hc, addr, token), log: log}
+	return newSelfCheck(addr, nodeapi.NewClient(hc, addr, token), prepDir, log)
+}
+
+// newSelfCheck probes CubeletService through client, reported as addr (an
+// all-in-one Cube's node is reached in-process).
+func newSelfCheck(addr string, client *nodeapi.Client, prepDir string, log *slog.Logger) *selfCheck {
+	return &selfCheck{prepDir: prepDir, addr: addr, client: client, log: log}
 }
 
 // selfAddr is the listener's address, with 127.0.0.1 for a wildcard IP

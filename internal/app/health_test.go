@@ -38,7 +38,7 @@ func serveCubeletAPI(t *testing.T, token string, check func() *selfCheck) net.Li
 func TestSelfCheckSocket(t *testing.T) {
 	var check *selfCheck
 	ln := serveCubeletAPI(t, "tok", func() *selfCheck { return check })
-	check = newSelfCheck(ln.Addr(), "tok", filepath.Join(t.TempDir(), "prep"), slog.Default())
+	check = newListenerCheck(ln.Addr(), "tok", filepath.Join(t.TempDir(), "prep"), slog.Default())
 	if !strings.HasPrefix(check.addr, "http://127.0.0.1:") {
 		t.Fatalf("wildcard listener probed at %s, want loopback", check.addr)
 	}
@@ -53,13 +53,13 @@ func TestSelfCheckSocket(t *testing.T) {
 		t.Fatalf("no prep dir: %+v", p)
 	}
 	// A listener that answers with another token does not count.
-	wrong := newSelfCheck(ln.Addr(), "other", check.prepDir, slog.Default())
+	wrong := newListenerCheck(ln.Addr(), "other", check.prepDir, slog.Default())
 	if s := wrong.refresh(context.Background()).GetSocket(); s.GetServing() || !strings.Contains(s.GetError(), "unauthenticated") {
 		t.Fatalf("wrong token: %+v", s)
 	}
 	// Nothing listening.
 	ln.Close()
-	closed := newSelfCheck(ln.Addr(), "tok", check.prepDir, slog.Default())
+	closed := newListenerCheck(ln.Addr(), "tok", check.prepDir, slog.Default())
 	if s := closed.refresh(context.Background()).GetSocket(); s.GetServing() || s.GetError() == "" {
 		t.Fatalf("closed listener: %+v", s)
 	}
@@ -69,7 +69,7 @@ func TestSelfCheckReportsPrep(t *testing.T) {
 	dir := t.TempDir()
 	var check *selfCheck
 	ln := serveCubeletAPI(t, "tok", func() *selfCheck { return check })
-	check = newSelfCheck(ln.Addr(), "tok", dir, slog.Default())
+	check = newListenerCheck(ln.Addr(), "tok", dir, slog.Default())
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	rep := preflight.Report{Results: []preflight.Result{{Name: "kernel.nftables", Status: preflight.StatusFail, Message: "no nf_tables"}}}
 	if err := preflight.WriteFailure(dir, preflight.NewFailure(4, "n1", "v", rep, at)); err != nil {

@@ -79,7 +79,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	if err := reg.Load(ctx); err != nil {
 		return err
 	}
-	// Background loops (TTL reaper, node health, drains) run on one replica:
+	// Background loops (sandbox expiry, node health, drains) run on one replica:
 	// the PostgreSQL lock holder, or this process alone on SQLite.
 	// Each loop takes its own lock (an advisory lock is per connection).
 	var elector, clusterElector leader.Elector = leader.Always{}, leader.Always{}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/nodestore"
-	"github.com/cube-dev/cube/internal/shim"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // MemoryResult is the host memory cost of idle sandboxes (means per sandbox, KiB).
@@ -82,7 +82,7 @@ type sandboxMem struct {
 func (n Node) measure(id string) (sandboxMem, error) {
 	var m sandboxMem
 	name := n.runtimeName(id)
-	info, err := shim.ReadInfo(n.stateDir(name))
+	info, err := supervisor.ReadInfo(n.stateDir(name))
 	if err != nil {
 		return m, err
 	}

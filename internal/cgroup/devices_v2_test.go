@@ -71,7 +71,8 @@ func TestDeviceHelper(t *testing.T) {
 		}
 		fmt.Println("RESULT", i, int(errno))
 	}
-	os.Exit(0)
+	// Returning lets the testing package print its PASS line, which
+	// runDeviceOps skips: it reads only CGROUP and RESULT lines.
 }
 
 // runDeviceOps runs ops in a new process started directly in the cgroup2
@@ -179,6 +180,33 @@ func waitProgramGone(t *testing.T, id ebpf.ProgramID) {
 			t.Fatalf("program %d still exists (%v)", id, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDevicesV2FailsClosed: the v2 path attaches the device allowlist
+// program; a plain directory is no cgroup, so it fails (closed) instead of
+// running unrestricted. Root only: without it the kernel refuses the BPF
+// query itself, which reads as a kernel without device programs.
+func TestDevicesV2FailsClosed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: queries cgroup BPF programs")
+	}
+	root := t.TempDir()
+	sb := filepath.Join(root, "cube", "sb")
+	if err := os.MkdirAll(sb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"memory.max", "memory.swap.max", "pids.max", "cpu.max"} {
+		if err := os.WriteFile(filepath.Join(sb, f), []byte("max\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := OpenLayout(Layout{Version: V2, Unified: root, V1: map[string]string{}}, "cube", "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.SetResources(Resources{Devices: SandboxDevices}); err == nil || !strings.Contains(err.Error(), "device allowlist") {
+		t.Errorf("v2 device allowlist on a non-cgroup directory: %v, want an error", err)
 	}
 }
 

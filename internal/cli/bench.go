@@ -1,27 +1,71 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cube-dev/cube/internal/bench"
 )
 
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench", stderr)
+func newBenchCmd() *cobra.Command {
 	exeDir := "."
 	if exe, err := os.Executable(); err == nil {
 		exeDir = filepath.Dir(exe)
 	}
-	cfg := bench.Config{}
-	fs.StringVar(&cfg.Server, "server", envDefault("E2B_API_URL", "http://127.0.0.1:3000"), "Cube API URL (env E2B_API_URL)")
-	fs.StringVar(&cfg.APIKey, "api-key", envDefault("E2B_API_KEY", os.Getenv("CUBE_API_KEY")), "API key (env E2B_API_KEY)")
-	jsonPath := fs.String("json", "", "also write the results as JSON to this file")
+	var cfg bench.Config
+	var jsonPath, only string
+	var logLevel slog.Level
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "measure a running Cube: create latency (REST, SDK), memory, density, restart, floor",
+		Long: `Measure a running Cube: create latency through REST and the official SDK,
+memory per idle sandbox, density, restart with live sandboxes, and the
+floor of a static responder. docs/benchmarks.md says how each is read.`,
+		Example: "  cube bench --server http://127.0.0.1:3000 --api-key KEY --json bench.json",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.APIKey == "" {
+				return usageError{"--api-key (or E2B_API_KEY) is required"}
+			}
+			if cfg.Concurrency < 1 || cfg.DensityConcurrency < 1 {
+				return usageError{"--concurrency and --density-concurrency must be at least 1"}
+			}
+			if only != "" {
+				cfg.Only = strings.Split(only, ",")
+			}
+			if cfg.RestartLog == "" && cfg.Node.DataDir != "" {
+				cfg.RestartLog = filepath.Join(filepath.Dir(filepath.Clean(cfg.Node.DataDir)), "cube-restarted.log")
+			}
+			cfg.Logger = newLogger(cmd.ErrOrStderr(), logLevel)
+			res, err := bench.Run(cmd.Context(), cfg)
+			if werr := bench.WriteTable(cmd.OutOrStdout(), res); werr != nil && err == nil {
+				err = werr
+			}
+			if jsonPath != "" {
+				b, jerr := json.MarshalIndent(res, "", "  ")
+				if jerr == nil {
+					jerr = os.WriteFile(jsonPath, append(b, '\n'), 0o644)
+				}
+				if jerr != nil && err == nil {
+					err = fmt.Errorf("write %s: %w", jsonPath, jerr)
+				}
+			}
+			return err
+		},
+	}
+	fs := c.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&cfg.Server, "server", "http://127.0.0.1:3000", "Cube API URL")
+	bindEnv(fs, "server", "E2B_API_URL")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "API key")
+	bindEnv(fs, "api-key", "E2B_API_KEY", "CUBE_API_KEY")
+	fs.StringVar(&jsonPath, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.Template, "template", "base", "template to create sandboxes from")
 	fs.IntVar(&cfg.NSerial, "n-serial", 200, "REST creates one at a time")
 	fs.IntVar(&cfg.NConcurrent, "n-concurrent", 500, "REST creates in bursts of --concurrency")
@@ -38,41 +82,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.FloorBin, "floor-bin", filepath.Join(exeDir, "benchfloor"), "static floor responder (built from ./cmd/benchfloor)")
 	fs.IntVar(&cfg.FloorN, "floor-n", 200, "floor runs, serial and in bursts")
 	fs.StringVar(&cfg.SDKDir, "sdk-dir", defaultSDKDir(exeDir), "directory holding sdk.mjs and its package.json (test/bench)")
-	only := fs.String("only", "", "comma-separated phases to run: "+strings.Join(bench.Phases, ","))
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
-	}
-	if cfg.APIKey == "" {
-		return usageError{"--api-key (or E2B_API_KEY) is required"}
-	}
-	if cfg.Concurrency < 1 || cfg.DensityConcurrency < 1 {
-		return usageError{"--concurrency and --density-concurrency must be at least 1"}
-	}
-	if *only != "" {
-		cfg.Only = strings.Split(*only, ",")
-	}
-	if cfg.RestartLog == "" && cfg.Node.DataDir != "" {
-		cfg.RestartLog = filepath.Join(filepath.Dir(filepath.Clean(cfg.Node.DataDir)), "cube-restarted.log")
-	}
-	cfg.Logger = newLogger(stderr, *logLevel)
-	res, err := bench.Run(ctx, cfg)
-	if werr := bench.WriteTable(stdout, res); werr != nil && err == nil {
-		err = werr
-	}
-	if *jsonPath != "" {
-		b, jerr := json.MarshalIndent(res, "", "  ")
-		if jerr == nil {
-			jerr = os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
-		}
-		if jerr != nil && err == nil {
-			err = fmt.Errorf("write %s: %w", *jsonPath, jerr)
-		}
-	}
-	return err
+	fs.StringVar(&only, "only", "", "comma-separated phases to run: "+strings.Join(bench.Phases, ","))
+	// --log-level of bench never read CUBE_LOG_LEVEL: the Cube it measures does.
+	logLevel = slog.LevelInfo
+	fs.Var(logLevelValue{&logLevel}, "log-level", "log level: "+strings.Join(logLevels, ", "))
+	return c
 }
 
 // defaultSDKDir is test/bench in the working directory's repository, or

@@ -1,85 +1,126 @@
-// Package cli parses Cube's command line and dispatches to the roles. Each
-// subcommand lives in its own file; wiring of components happens here and in
-// internal/app, never in init().
+// Package cli is Cube's command line: cobra commands that turn flags (with
+// environment variables as their defaults, see env.go) into configuration
+// and call the roles in internal/app and the operations of other packages
+// (internal/nodeops for work on a node outside its cubelet). Wiring is
+// written out here and in internal/app, never in init().
 package cli
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"sort"
-	"strconv"
 	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cube-dev/cube/internal/app"
 )
 
-// command is one `cube <name>` subcommand.
-type command struct {
-	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+// roles are the long-running roles commands end in. Tests replace them to
+// see the configuration a command would start with, without starting it.
+type roles struct {
+	allInOne func(context.Context, app.AllInOneConfig) error
+	server   func(context.Context, app.ServerConfig) error
+	cubelet  func(context.Context, app.CubeletConfig) error
 }
 
-func commands() map[string]command {
-	return map[string]command{
-		"version":  {"print the version", runVersion},
-		"server":   {"run the control plane (api, master, proxy) for remote cubelets", runServer},
-		"cubelet":  {"run the node agent and register with a cube server", runCubelet},
-		"up":       {"start all-in-one Cube (server + cubelet) on this machine", runUp},
-		"down":     {"stop the all-in-one Cube running on a data dir", runDown},
-		"template": {"manage templates: create NAME --from-dir DIR | --from-tar FILE, ls, rm", runTemplate},
-		"node":     {"inspect and repair this machine's node: mapdump, doctor, gc", runNode},
-		"key":      {"manage API keys: create [--name N], ls, revoke ID", runKey},
-		"bench":    {"measure a running Cube: create latency (REST, SDK), memory, density, restart, floor", runBench},
-
-		"preflight": {"check that this host can run a Cube node (exit 1 on failure)", runPreflight},
-		"prep":      {"preflight, then prepare the node and write the prep fingerprint", runPrep},
-		"kube":      {"commands the Helm chart runs: hostnet-preflight, wait-prep, install-artifacts, share-mounts, stop-cubelet, node-controller, release-nodes", runKubeAll},
-	}
+func defaultRoles() roles {
+	return roles{allInOne: app.RunAllInOne, server: app.RunServer, cubelet: app.RunCubelet}
 }
 
-// Run executes `cube args...` and returns the process exit code.
+// Run executes `cube args...` and returns the process exit code: 0 on
+// success and for help, 1 when the command failed, 2 for a bad command line
+// (unknown command or flag, a malformed flag value or environment
+// variable, missing or extra arguments).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stdout, cmds)
+	return run(ctx, args, stdout, stderr, defaultRoles())
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, r roles) int {
+	root := newRoot(stdout, stderr, r)
+	root.SetArgs(normaliseArgs(root, args))
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
 		return 0
 	}
-	cmd, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "cube: unknown command %q\n\n", args[0])
-		usage(stderr, cmds)
+	name := "cube"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", name)
 		return 2
 	}
-	if err := cmd.run(ctx, args[1:], stdout, stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(stderr, "cube %s: %v\n", args[0], err)
-			return 2
-		}
-		fmt.Fprintf(stderr, "cube %s: %v\n", args[0], err)
-		return 1
-	}
-	return 0
+	return 1
 }
 
-func usage(w io.Writer, cmds map[string]command) {
-	fmt.Fprintln(w, "usage: cube <command> [flags]\n\ncommands:")
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		if cmds[n].summary != "" {
-			names = append(names, n)
+func newRoot(stdout, stderr io.Writer, r roles) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "cube",
+		Short: "Cube: an E2B-compatible sandbox platform in one binary",
+		Long: `Cube runs E2B-compatible sandboxes. One binary holds every role: all-in-one
+(cube up), the control plane (cube server), the node agent (cube cubelet), and
+the operator's and the Helm chart's tools.
+
+Flags that have an environment variable say so in their help ("env CUBE_..."):
+a flag on the command line beats the variable, which beats the default; a
+malformed value in either is an error.`,
+		Args:              cobra.ArbitraryArgs,
+		RunE:              groupRunE,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) },
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
+	root.AddCommand(
+		newVersionCmd(),
+		newUpCmd(r), newDownCmd(),
+		newServerCmd(r), newCubeletCmd(r),
+		newTemplateCmd(), newKeyCmd(), newNodeCmd(),
+		newBenchCmd(),
+		newPreflightCmd(), newPrepCmd(), newKubeCmd(),
+	)
+	addCompletions(root)
+	return root
+}
+
+// group returns a command that only holds verbs: `cube node` alone or with
+// an unknown verb is a usage error listing the verbs.
+func group(use, short string, verbs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: use, Short: short, Args: cobra.ArbitraryArgs, RunE: groupRunE, SuggestionsMinimumDistance: 2}
+	c.AddCommand(verbs...)
+	return c
+}
+
+// groupRunE runs for a command that holds subcommands when none was named:
+// help without arguments for the root (as before), else a usage error.
+func groupRunE(cmd *cobra.Command, args []string) error {
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() && c.Name() != "help" && c.Name() != "completion" {
+			names = append(names, c.Name())
 		}
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
+	if len(args) > 0 && args[0] == "help" { // `cube node help`, as before
+		return cmd.Help()
 	}
+	if len(args) == 0 {
+		if !cmd.HasParent() {
+			return cmd.Help()
+		}
+		return usageError{fmt.Sprintf("missing command: one of %s", strings.Join(names, ", "))}
+	}
+	msg := fmt.Sprintf("unknown command %q (one of %s)", args[0], strings.Join(names, ", "))
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	return usageError{msg}
 }
 
 // usageError marks errors caused by bad command-line input (exit code 2).
@@ -87,57 +128,54 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
-// parseFlags parses args into fs: a bad flag or value is a usage error (exit
-// code 2), -h/--help is flag.ErrHelp (exit code 0).
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		return usageError{err.Error()}
+// noArgs rejects positional arguments.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Sprintf("unexpected arguments %v", args)}
 	}
-	return err
+	return nil
 }
 
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("cube "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// exactArgs wants n positional arguments; usage says what they are.
+func exactArgs(n int, usage string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{usage}
+		}
+		return nil
+	}
 }
 
-// envInt returns the environment variable as an int, or def.
-func envInt(key string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(key)); err == nil {
-		return v
+// normaliseArgs rewrites single-dash long flags (-listen, -data-dir=x),
+// which Go's flag package accepted and earlier versions of cube parsed, to
+// the double-dash form pflag wants. Only names of the command's own flags
+// are rewritten (and help); single-letter shorthands, values such as -1
+// and everything after "--" are left alone.
+func normaliseArgs(root *cobra.Command, args []string) []string {
+	if len(args) > 0 && strings.HasPrefix(args[0], "__complete") {
+		return args
 	}
-	return def
+	cmd, _, err := root.Find(args)
+	if err != nil || cmd == nil {
+		return args
+	}
+	out := make([]string, len(args))
+	copy(out, args)
+	for i, a := range out {
+		if a == "--" {
+			break
+		}
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if name == "help" || cmd.Flags().Lookup(name) != nil || cmd.InheritedFlags().Lookup(name) != nil {
+			out[i] = "-" + a
+		}
+	}
+	return out
 }
 
-// envBool returns the environment variable as a bool, or def.
-func envBool(key string, def bool) bool {
-	if v, err := strconv.ParseBool(os.Getenv(key)); err == nil {
-		return v
-	}
-	return def
-}
-
-// envDefault returns the environment variable's value or def.
-func envDefault(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok && v != "" {
-		return v
-	}
-	return def
-}
-
-func newLogger(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	switch strings.ToLower(level) {
-	case "debug":
-		l = slog.LevelDebug
-	case "warn":
-		l = slog.LevelWarn
-	case "error":
-		l = slog.LevelError
-	default:
-		l = slog.LevelInfo
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }

@@ -1,90 +1,76 @@
 package cli
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cube-dev/cube/internal/store"
 )
 
-// runKey is `cube key create|ls|revoke`: API keys in the server's SQLite
+// newKeyCmd is `cube key create|ls|revoke`: API keys in the server's SQLite
 // store (<data-dir>/server.db). Keys are stored as hashes; the plaintext is
 // printed once, by create.
-func runKey(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const usage = "usage: cube key create [--name NAME] | ls | revoke ID  [--data-dir DIR]"
-	if len(args) == 0 {
-		return usageError{usage}
-	}
-	fs := newFlagSet("key "+args[0], stderr)
-	dataDir := fs.String("data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory (env CUBE_DATA_DIR)")
-	name := fs.String("name", "", "name of the new key (create)")
-	if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
-		return err
-	}
-	open := func() (*store.SQLite, error) {
-		return store.OpenSQLite(ctx, filepath.Join(*dataDir, "server.db"))
-	}
-	switch args[0] {
-	case "create":
-		if fs.NArg() != 0 {
-			return usageError{usage}
-		}
-		st, err := open()
+func newKeyCmd() *cobra.Command {
+	return group("key", "manage API keys: create [--name N], ls, revoke ID",
+		newKeyVerb("create", "create an API key and print it (only its hash is kept)", noArgs),
+		newKeyVerb("ls", "list API keys", noArgs),
+		newKeyVerb("revoke ID", "revoke an API key", exactArgs(1, "usage: cube key revoke ID [--data-dir DIR]")),
+	)
+}
+
+func newKeyVerb(use, short string, args cobra.PositionalArgs) *cobra.Command {
+	var dataDir, name string
+	c := &cobra.Command{Use: use, Short: short, Args: args}
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		ctx, out := cmd.Context(), cmd.OutOrStdout()
+		st, err := store.OpenSQLite(ctx, filepath.Join(dataDir, "server.db"))
 		if err != nil {
 			return err
 		}
 		defer st.Close()
-		key, err := st.CreateKey(ctx, *name)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, key)
-		fmt.Fprintln(stderr, "store this key now: only its hash is kept")
-		return nil
-	case "ls":
-		if fs.NArg() != 0 {
-			return usageError{usage}
-		}
-		st, err := open()
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		keys, err := st.ListKeys(ctx)
-		if err != nil {
-			return err
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tCREATED\tLAST USED\tSTATUS")
-		for _, k := range keys {
-			status := "active"
-			if k.RevokedAt != nil {
-				status = "revoked " + k.RevokedAt.UTC().Format(time.RFC3339)
+		switch c.Name() {
+		case "create":
+			key, err := st.CreateKey(ctx, name)
+			if err != nil {
+				return err
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.UTC().Format(time.RFC3339), timeOrDash(k.LastUsedAt), status)
+			fmt.Fprintln(out, key)
+			fmt.Fprintln(cmd.ErrOrStderr(), "store this key now: only its hash is kept")
+			return nil
+		case "ls":
+			keys, err := st.ListKeys(ctx)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tCREATED\tLAST USED\tSTATUS")
+			for _, k := range keys {
+				status := "active"
+				if k.RevokedAt != nil {
+					status = "revoked " + k.RevokedAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.CreatedAt.UTC().Format(time.RFC3339), timeOrDash(k.LastUsedAt), status)
+			}
+			return tw.Flush()
+		default: // revoke
+			if err := st.RevokeKey(ctx, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "revoked %s\n", args[0])
+			return nil
 		}
-		return tw.Flush()
-	case "revoke":
-		if fs.NArg() != 1 {
-			return usageError{"usage: cube key revoke ID [--data-dir DIR]"}
-		}
-		st, err := open()
-		if err != nil {
-			return err
-		}
-		defer st.Close()
-		if err := st.RevokeKey(ctx, fs.Arg(0)); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "revoked %s\n", fs.Arg(0))
-		return nil
-	default:
-		return usageError{usage}
 	}
+	addDataDirFlag(c, &dataDir)
+	// Every verb has always accepted --name; only create uses it.
+	c.Flags().StringVar(&name, "name", "", "name of the new key")
+	if c.Name() != "create" {
+		c.Flags().MarkHidden("name")
+	}
+	return c
 }
 
 func timeOrDash(t *time.Time) string {

@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,32 +10,43 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
+
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/preflight"
 )
 
 // TestMain lets the test binary stand in for the cube binary: with
 // CUBE_CLI_TEST_MAIN=1 it runs the command line as `cube` would (the
-// chart's init container re-runs itself through nsenter that way).
+// chart's init container re-runs itself through nsenter that way), with
+// CUBE_CLI_TEST_NETWORK_FLAGS=1 it parses the cubelet's network flags only
+// (TestHostNetNSAuto runs it in a throwaway netns). Tests that need root
+// skip themselves; the rest run as any user.
 func TestMain(m *testing.M) {
-	if os.Getenv("CUBE_CLI_TEST_MAIN") == "1" {
+	switch {
+	case os.Getenv("CUBE_CLI_TEST_MAIN") == "1":
 		os.Exit(Run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
-	}
-	if os.Getenv("CUBE_CLI_TEST_NETWORK_FLAGS") == "1" { // the cubelet's network flags only
-		cfg := cubevs.DefaultConfig()
-		fs := flag.NewFlagSet("cubelet", flag.ContinueOnError)
-		nf := addNetworkFlags(fs, &cfg)
-		if err := fs.Parse(os.Args[1:]); err != nil {
-			os.Exit(2)
-		}
-		if err := nf.apply(&cfg); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		fmt.Println(cfg.HostNetNSPath)
-		os.Exit(0)
+	case os.Getenv("CUBE_CLI_TEST_NETWORK_FLAGS") == "1":
+		os.Exit(networkFlagsMain(os.Args[1:]))
 	}
 	os.Exit(m.Run())
+}
+
+// networkFlagsMain parses the network flags of a cubelet and prints the
+// host netns path they resolve to; it returns the exit code.
+func networkFlagsMain(args []string) int {
+	cfg := cubevs.DefaultConfig()
+	fs := pflag.NewFlagSet("cubelet", pflag.ContinueOnError)
+	addNetworkFlags(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if _, err := resolveHostNetNS(&cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println(cfg.HostNetNSPath)
+	return 0
 }
 
 // TestShareMountsFromAContainerMountNS runs `cube kube share-mounts` the

@@ -1,117 +1,179 @@
 package cli
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net/netip"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
 	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubevs"
 )
 
-func runServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	tuneServerGC()
-	fs := newFlagSet("server", stderr)
-	cfg := app.ServerConfig{Out: stdout}
-	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_LISTEN", "127.0.0.1:3000"), "address for the API, node registry and sandbox traffic (env CUBE_LISTEN)")
-	fs.StringVar(&cfg.DataDir, "data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory (env CUBE_DATA_DIR)")
-	fs.StringVar(&cfg.DB, "db", envDefault("CUBE_DB", ""), "store: a SQLite path or a postgres:// URL (env CUBE_DB; default <data-dir>/server.db)")
-	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("CUBE_API_KEY"), "API key to accept (env CUBE_API_KEY); default: generate one on first start")
-	fs.StringVar(&cfg.Domain, "domain", envDefault("CUBE_DOMAIN", ""), "domain for <port>-<id>.<domain> sandbox hosts (env CUBE_DOMAIN)")
-	roles := fs.String("roles", envDefault("CUBE_ROLES", "api,master,proxy"), "comma-separated roles to serve: api, master, proxy")
-	fs.BoolVar(&cfg.RequireNodeKey, "require-node-key", os.Getenv("CUBE_REQUIRE_NODE_KEY") == "true", "refuse cubelets that register without an API key (recommended outside a trusted node network)")
-	var err error
-	if cfg.RateLimits, err = addRateLimitFlags(fs); err != nil {
-		return err
+// serverRoles are the roles `cube server --roles` may name.
+var serverRoles = []string{"api", "master", "proxy"}
+
+func newServerCmd(r roles) *cobra.Command {
+	var cfg app.ServerConfig
+	var logLevel slog.Level
+	cfg.Roles = append([]string(nil), serverRoles...)
+	c := &cobra.Command{
+		Use:   "server",
+		Short: "run the control plane (api, master, proxy) for remote cubelets",
+		Long: `Run the control plane for remote cubelets: the E2B API, the node registry and
+scheduler (master) and the sandbox traffic proxy, or the subset --roles names.
+Several replicas may share one PostgreSQL store (--db postgres://...).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneServerGC()
+			cfg.Out = cmd.OutOrStdout()
+			cfg.Logger = newLogger(cmd.ErrOrStderr(), logLevel)
+			return r.server(cmd.Context(), cfg)
+		},
 	}
+	fs := c.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address for the API, node registry and sandbox traffic")
+	bindEnv(fs, "listen", "CUBE_LISTEN")
+	fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/cube", "data directory")
+	bindEnv(fs, "data-dir", "CUBE_DATA_DIR")
+	fs.StringVar(&cfg.DB, "db", "", "store: a SQLite path or a postgres:// URL (default <data-dir>/server.db)")
+	bindEnv(fs, "db", "CUBE_DB")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "API key to accept (default: generate one on first start)")
+	bindEnv(fs, "api-key", "CUBE_API_KEY")
+	fs.StringVar(&cfg.Domain, "domain", "", "domain for <port>-<id>.<domain> sandbox hosts")
+	bindEnv(fs, "domain", "CUBE_DOMAIN")
+	fs.Var(funcValue{
+		typ: "roles",
+		get: func() string { return strings.Join(cfg.Roles, ",") },
+		set: func(s string) error {
+			roles, err := parseRoles(s)
+			if err == nil {
+				cfg.Roles = roles
+			}
+			return err
+		},
+	}, "roles", "comma-separated roles to serve: "+strings.Join(serverRoles, ", "))
+	bindEnv(fs, "roles", "CUBE_ROLES")
+	fs.BoolVar(&cfg.RequireNodeKey, "require-node-key", false, "refuse cubelets that register without an API key (recommended outside a trusted node network)")
+	bindEnv(fs, "require-node-key", "CUBE_REQUIRE_NODE_KEY")
+	cfg.RateLimits = addRateLimitFlags(fs)
 	fs.DurationVar(&cfg.DownAfter, "node-down-after", 0, "mark a node Down after this long without heartbeats and a failed probe (default 10s)")
-	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
-	}
-	for _, r := range strings.Split(*roles, ",") {
-		switch r = strings.TrimSpace(r); r {
-		case "api", "master", "proxy":
-			cfg.Roles = append(cfg.Roles, r)
-		default:
-			return usageError{fmt.Sprintf("--roles: unknown role %q (api, master, proxy)", r)}
-		}
-	}
-	cfg.Logger = newLogger(stderr, *logLevel)
-	return app.RunServer(ctx, cfg)
+	addLogLevel(fs, &logLevel, slog.LevelInfo)
+	return c
 }
 
-func runCubelet(ctx context.Context, args []string, _, stderr io.Writer) error {
-	tuneServerGC()
-	fs := newFlagSet("cubelet", stderr)
-	host, _ := os.Hostname()
-	cfg := app.CubeletConfig{Network: cubevs.DefaultConfig(), Capacity: &nodev1.Capacity{}}
-	servers := fs.String("server", envDefault("CUBE_SERVER", ""), "URL of the cube server; several comma-separated URLs fail over in order (env CUBE_SERVER)")
-	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("CUBE_API_KEY"), "API key presented when registering (env CUBE_API_KEY; required by servers run with --require-node-key)")
-	fs.StringVar(&cfg.NodeID, "node-id", envDefault("CUBE_NODE_ID", host), "this node's id (env CUBE_NODE_ID; default the hostname)")
-	fs.StringVar(&cfg.Listen, "listen", envDefault("CUBE_CUBELET_LISTEN", "0.0.0.0:7070"), "address of the node API the server calls")
-	fs.StringVar(&cfg.AdvertiseIP, "advertise-ip", envDefault("CUBE_ADVERTISE_IP", ""), "IP the server uses to reach this node (default: the listen IP or the first non-loopback address)")
-	fs.StringVar(&cfg.DataIP, "data-ip", envDefault("CUBE_DATA_IP", ""), "IP on which this node's host ports (sandbox traffic) are reached, when it differs from --advertise-ip (a cubelet on the Pod network: the node's IP; env CUBE_DATA_IP)")
-	fs.StringVar(&cfg.DataDir, "data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory")
-	fs.StringVar(&cfg.RunDir, "run-dir", envDefault("CUBE_RUN_DIR", "/run/cube"), "runtime directory for kernel anchors (netns pins)")
-	fs.StringVar(&cfg.PrepDir, "prep-dir", envDefault("CUBE_PREP_DIR", ""), "directory of the cube prep records (fingerprints), reported to the server (default <data-dir>/prep)")
-	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", envDefault("CUBE_CGROUP_PARENT", "cube"), "cgroup under which sandbox cgroups are made")
-	fs.StringVar(&cfg.EnvdPath, "envd", envDefault("CUBE_ENVD", ""), "path of the envd binary (default: next to the cube binary)")
-	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
-	fs.IntVar(&cfg.PoolSize, "pool-size", envInt("CUBE_POOL_SIZE", 4), "warm-pool slots kept ready for fast creates; 0 disables (env CUBE_POOL_SIZE)")
-	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", envBool("CUBE_POOL_PRESTART", true), "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only (env CUBE_POOL_PRESTART)")
-	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", envInt("CUBE_CREATE_PARALLELISM", 0), "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit (env CUBE_CREATE_PARALLELISM)")
-	addUserNSFlag(fs, &cfg.UserNS)
-	addHostMountNSFlag(fs, &cfg.HostMountNS)
-	nf := addNetworkFlags(fs, &cfg.Network)
-	nodeCIDR := fs.String("node-cidr", envDefault("CUBE_NODE_CIDR", cfg.Network.NodeCIDR.String()), "sandbox address range of this node")
-	maxSBX := fs.Int("max-sandboxes", 500, "most sandboxes this node takes")
-	maxCreates := fs.Int("max-creates", 50, "most concurrent creates this node takes")
-	cpus := fs.Int("cpu-capacity", 8*runtime.NumCPU(), "schedulable vCPUs (sandbox cpuCount is summed against it)")
-	memMB := fs.Int64("memory-capacity-mb", 2*hostMemoryMB(), "schedulable memory in MiB")
-	logLevel := fs.String("log-level", envDefault("CUBE_LOG_LEVEL", "info"), "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+func parseRoles(s string) ([]string, error) {
+	var out []string
+	for _, r := range strings.Split(s, ",") {
+		r = strings.TrimSpace(r)
+		if !containsString(serverRoles, r) {
+			return nil, fmt.Errorf("unknown role %q (%s)", r, strings.Join(serverRoles, ", "))
+		}
+		out = append(out, r)
 	}
-	for _, u := range strings.Split(*servers, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			cfg.ServerURLs = append(cfg.ServerURLs, strings.TrimRight(u, "/"))
+	return out, nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
 		}
 	}
-	if len(cfg.ServerURLs) == 0 || cfg.NodeID == "" {
-		return usageError{"--server and --node-id are required"}
+	return false
+}
+
+func newCubeletCmd(r roles) *cobra.Command {
+	cfg := app.CubeletConfig{Network: cubevs.DefaultConfig()}
+	host, _ := os.Hostname()
+	var servers string
+	var maxSBX, maxCreates, cpus int
+	var memMB int64
+	var logLevel slog.Level
+	c := &cobra.Command{
+		Use:   "cubelet",
+		Short: "run the node agent and register with a cube server",
+		Long: `Run the node agent: it registers with a cube server (--server; several URLs
+fail over in order), heartbeats, and serves the node API the server calls to
+create and manage this node's sandboxes.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tuneServerGC()
+			for _, u := range strings.Split(servers, ",") {
+				if u = strings.TrimSpace(u); u != "" {
+					cfg.ServerURLs = append(cfg.ServerURLs, strings.TrimRight(u, "/"))
+				}
+			}
+			if len(cfg.ServerURLs) == 0 || cfg.NodeID == "" {
+				return usageError{"--server and --node-id are required"}
+			}
+			hostNS, err := resolveHostNetNS(&cfg.Network)
+			if err != nil {
+				return err
+			}
+			cfg.Capacity = &nodev1.Capacity{CpuCount: int32(cpus), MemoryMb: memMB, MaxSandboxes: int32(maxSBX), MaxCreates: int32(maxCreates)}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.Exe = app.ShimBinary(exe)
+			if cfg.EnvdPath == "" {
+				cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
+			}
+			cfg.Logger = newLogger(cmd.ErrOrStderr(), logLevel).With("role", "cubelet", "node", cfg.NodeID)
+			if hostNS != nil {
+				cfg.Logger.Info("host netns found", "path", hostNS.Path, "pid", hostNS.PID, "id", hostNS.ID, "passed_over", strings.Join(hostNS.Tried, "; "))
+			}
+			return r.cubelet(cmd.Context(), cfg)
+		},
 	}
-	p, err := netip.ParsePrefix(*nodeCIDR)
-	if err != nil {
-		return usageError{fmt.Sprintf("--node-cidr: %v", err)}
-	}
-	cfg.Network.NodeCIDR = p
-	if err := nf.apply(&cfg.Network); err != nil {
-		return err
-	}
-	cfg.Capacity = &nodev1.Capacity{CpuCount: int32(*cpus), MemoryMb: *memMB, MaxSandboxes: int32(*maxSBX), MaxCreates: int32(*maxCreates)}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cfg.Exe = app.ShimBinary(exe)
-	if cfg.EnvdPath == "" {
-		cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
-	}
-	cfg.Logger = newLogger(stderr, *logLevel).With("role", "cubelet", "node", cfg.NodeID)
-	if h := nf.hostNS; h != nil {
-		cfg.Logger.Info("host netns found", "path", h.Path, "pid", h.PID, "id", h.ID, "passed_over", strings.Join(h.Tried, "; "))
-	}
-	return app.RunCubelet(ctx, cfg)
+	fs := c.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&servers, "server", "", "URL of the cube server; several comma-separated URLs fail over in order")
+	bindEnv(fs, "server", "CUBE_SERVER")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "API key presented when registering (required by servers run with --require-node-key)")
+	bindEnv(fs, "api-key", "CUBE_API_KEY")
+	fs.StringVar(&cfg.NodeID, "node-id", host, "this node's id (default the hostname)")
+	bindEnv(fs, "node-id", "CUBE_NODE_ID")
+	fs.StringVar(&cfg.Listen, "listen", "0.0.0.0:7070", "address of the node API the server calls")
+	bindEnv(fs, "listen", "CUBE_CUBELET_LISTEN")
+	fs.StringVar(&cfg.AdvertiseIP, "advertise-ip", "", "IP the server uses to reach this node (default: the listen IP or the first non-loopback address)")
+	bindEnv(fs, "advertise-ip", "CUBE_ADVERTISE_IP")
+	fs.StringVar(&cfg.DataIP, "data-ip", "", "IP on which this node's host ports (sandbox traffic) are reached, when it differs from --advertise-ip (a cubelet on the Pod network: the node's IP)")
+	bindEnv(fs, "data-ip", "CUBE_DATA_IP")
+	fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/cube", "data directory")
+	bindEnv(fs, "data-dir", "CUBE_DATA_DIR")
+	fs.StringVar(&cfg.RunDir, "run-dir", "/run/cube", "runtime directory for kernel anchors (netns pins)")
+	bindEnv(fs, "run-dir", "CUBE_RUN_DIR")
+	fs.StringVar(&cfg.PrepDir, "prep-dir", "", "directory of the cube prep records (fingerprints), reported to the server (default <data-dir>/prep)")
+	bindEnv(fs, "prep-dir", "CUBE_PREP_DIR")
+	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "cube", "cgroup under which sandbox cgroups are made")
+	bindEnv(fs, "cgroup-parent", "CUBE_CGROUP_PARENT")
+	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
+	bindEnv(fs, "envd", "CUBE_ENVD")
+	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
+	fs.IntVar(&cfg.PoolSize, "pool-size", 4, "warm-pool slots kept ready for fast creates; 0 disables")
+	bindEnv(fs, "pool-size", "CUBE_POOL_SIZE")
+	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", true, "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only")
+	bindEnv(fs, "pool-prestart", "CUBE_POOL_PRESTART")
+	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", 0, "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit")
+	bindEnv(fs, "create-parallelism", "CUBE_CREATE_PARALLELISM")
+	addUserNSFlag(fs, &cfg.UserNS)
+	addHostMountNSFlag(fs, &cfg.HostMountNS)
+	addNetworkFlags(fs, &cfg.Network)
+	addNodeCIDRFlag(fs, &cfg.Network.NodeCIDR, "sandbox address range of this node")
+	fs.IntVar(&maxSBX, "max-sandboxes", 500, "most sandboxes this node takes")
+	fs.IntVar(&maxCreates, "max-creates", 50, "most concurrent creates this node takes")
+	fs.IntVar(&cpus, "cpu-capacity", 8*runtime.NumCPU(), "schedulable vCPUs (sandbox cpuCount is summed against it)")
+	fs.Int64Var(&memMB, "memory-capacity-mb", 2*hostMemoryMB(), "schedulable memory in MiB")
+	addLogLevel(fs, &logLevel, slog.LevelInfo)
+	return c
 }
 
 // hostMemoryMB reads MemTotal from /proc/meminfo (0 when unreadable).

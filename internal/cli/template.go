@@ -1,107 +1,99 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
-	"io"
-	"strings"
 	"text/tabwriter"
+
+	"github.com/spf13/cobra"
 
 	"github.com/cube-dev/cube/internal/template"
 )
 
-func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return usageError{"usage: cube template create|ls|rm ..."}
-	}
-	fs := newFlagSet("template "+args[0], stderr)
-	dataDir := fs.String("data-dir", envDefault("CUBE_DATA_DIR", "/var/lib/cube"), "data directory (env CUBE_DATA_DIR)")
-	switch args[0] {
-	case "create":
-		fromDir := fs.String("from-dir", "", "register a root filesystem directory")
-		fromTar := fs.String("from-tar", "", "register a root filesystem tarball (.tar or .tar.gz)")
-		if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
-			return err
-		}
-		if fs.NArg() != 1 || (*fromDir == "") == (*fromTar == "") {
-			return usageError{"usage: cube template create NAME --from-dir DIR | --from-tar FILE"}
-		}
-		reg := template.NewRegistry(*dataDir)
-		var t template.Template
-		var err error
-		if *fromDir != "" {
-			t, err = reg.ImportDir(ctx, fs.Arg(0), *fromDir)
-		} else {
-			t, err = reg.ImportTar(ctx, fs.Arg(0), *fromTar)
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "template %s registered (%s)\n", t.Name, t.Digest)
-		return nil
-	case "ls":
-		asJSON := fs.Bool("json", false, "print JSON")
-		if err := parseFlags(fs, args[1:]); err != nil {
-			return err
-		}
-		ts, err := template.NewRegistry(*dataDir).List(ctx)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(ts)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tCPU\tMEMORY_MB\tDISK_MB\tSOURCE\tCREATED")
-		for _, t := range ts {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", t.Name, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.Source, t.CreatedAt.Format("2006-01-02 15:04"))
-		}
-		return tw.Flush()
-	case "rm":
-		if err := parseFlags(fs, reorder(fs, args[1:])); err != nil {
-			return err
-		}
-		if fs.NArg() != 1 {
-			return usageError{"usage: cube template rm NAME"}
-		}
-		return template.NewRegistry(*dataDir).Delete(ctx, fs.Arg(0))
-	default:
-		return usageError{fmt.Sprintf("unknown template command %q (create, ls, rm)", args[0])}
-	}
+func newTemplateCmd() *cobra.Command {
+	return group("template", "manage templates: create NAME --from-dir DIR | --from-tar FILE, ls, rm",
+		newTemplateCreateCmd(), newTemplateLsCmd(), newTemplateRmCmd())
 }
 
-// reorder moves positional arguments after flags so `create NAME --from-dir X`
-// parses like `create --from-dir X NAME`. Boolean flags take no value.
-func reorder(fs *flag.FlagSet, args []string) []string {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if len(a) > 1 && a[0] == '-' {
-			flags = append(flags, a)
-			name := strings.TrimLeft(a, "-")
-			if strings.Contains(name, "=") {
-				continue
+// addDataDirFlag registers --data-dir (env CUBE_DATA_DIR).
+func addDataDirFlag(c *cobra.Command, dir *string) {
+	c.Flags().StringVar(dir, "data-dir", "/var/lib/cube", "data directory")
+	bindEnv(c.Flags(), "data-dir", "CUBE_DATA_DIR")
+}
+
+func newTemplateCreateCmd() *cobra.Command {
+	var dataDir, fromDir, fromTar string
+	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE"
+	c := &cobra.Command{
+		Use:   "create NAME (--from-dir DIR | --from-tar FILE)",
+		Short: "register a root filesystem (a directory or a .tar/.tar.gz) as template NAME",
+		Args:  exactArgs(1, usage),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if (fromDir == "") == (fromTar == "") {
+				return usageError{usage}
 			}
-			if f := fs.Lookup(name); f != nil {
-				if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
-					continue
-				}
+			reg := template.NewRegistry(dataDir)
+			var t template.Template
+			var err error
+			if fromDir != "" {
+				t, err = reg.ImportDir(cmd.Context(), args[0], fromDir)
+			} else {
+				t, err = reg.ImportTar(cmd.Context(), args[0], fromTar)
 			}
-			if i+1 < len(args) {
-				flags = append(flags, args[i+1])
-				i++
+			if err != nil {
+				return err
 			}
-			continue
-		}
-		pos = append(pos, a)
+			fmt.Fprintf(cmd.OutOrStdout(), "template %s registered (%s)\n", t.Name, t.Digest)
+			return nil
+		},
 	}
-	return append(flags, pos...)
+	addDataDirFlag(c, &dataDir)
+	c.Flags().StringVar(&fromDir, "from-dir", "", "register a root filesystem directory")
+	c.Flags().StringVar(&fromTar, "from-tar", "", "register a root filesystem tarball (.tar or .tar.gz)")
+	return c
+}
+
+func newTemplateLsCmd() *cobra.Command {
+	var dataDir string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "ls",
+		Short: "list templates",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ts, err := template.NewRegistry(dataDir).List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(ts)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tCPU\tMEMORY_MB\tDISK_MB\tSOURCE\tCREATED")
+			for _, t := range ts {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", t.Name, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.Source, t.CreatedAt.Format("2006-01-02 15:04"))
+			}
+			return tw.Flush()
+		},
+	}
+	addDataDirFlag(c, &dataDir)
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newTemplateRmCmd() *cobra.Command {
+	var dataDir string
+	c := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "remove template NAME",
+		Args:  exactArgs(1, "usage: cube template rm NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return template.NewRegistry(dataDir).Delete(cmd.Context(), args[0])
+		},
+	}
+	addDataDirFlag(c, &dataDir)
+	return c
 }

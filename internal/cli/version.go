@@ -1,14 +1,21 @@
 package cli
 
 import (
-	"context"
 	"fmt"
-	"io"
+
+	"github.com/spf13/cobra"
 
 	"github.com/cube-dev/cube/internal/version"
 )
 
-func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
-	fmt.Fprintln(stdout, "cube", version.Version)
-	return nil
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print the version",
+		Args:  cobra.ArbitraryArgs, // as before: `cube version` ignored what followed
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), "cube", version.Version)
+			return err
+		},
+	}
 }

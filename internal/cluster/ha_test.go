@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
-	"github.com/cube-dev/cube/internal/cubelet"
-	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodeapi"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/pgtest"
 	"github.com/cube-dev/cube/internal/store"
 )
@@ -93,19 +94,19 @@ func (n *tokenNode) record(token string) NodeRecord {
 	return r
 }
 
-func (n *tokenNode) CreateSandbox(_ context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
+func (n *tokenNode) CreateSandbox(_ context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.created = append(n.created, req.SandboxID)
-	return cubelet.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("10.11.0.2"),
+	return nodeproto.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("10.11.0.2"),
 		CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, StartedAt: time.Now()}, nil
 }
 func (n *tokenNode) KillSandbox(context.Context, string) error { return nil }
 func (n *tokenNode) HostPort(context.Context, string, uint16) (uint16, error) {
 	return 0, errdefs.ErrNotImplemented
 }
-func (n *tokenNode) SandboxMetrics(context.Context, string) (cubelet.Metrics, error) {
-	return cubelet.Metrics{}, errdefs.ErrNotImplemented
+func (n *tokenNode) SandboxMetrics(context.Context, string) (nodeproto.Metrics, error) {
+	return nodeproto.Metrics{}, errdefs.ErrNotImplemented
 }
 func (n *tokenNode) PauseSandbox(_ context.Context, id string) error {
 	n.mu.Lock()
@@ -114,10 +115,10 @@ func (n *tokenNode) PauseSandbox(_ context.Context, id string) error {
 	return nil
 }
 func (n *tokenNode) ResumeSandbox(context.Context, string) error { return nil }
-func (n *tokenNode) UpdateEgress(context.Context, string, cubevs.EgressPolicy) error {
+func (n *tokenNode) UpdateEgress(context.Context, string, nodeproto.EgressPolicy) error {
 	return errdefs.ErrNotImplemented
 }
-func (n *tokenNode) Sandboxes(context.Context) ([]cubelet.Sandbox, error) { return nil, nil }
+func (n *tokenNode) Sandboxes(context.Context) ([]nodeproto.Sandbox, error) { return nil, nil }
 
 // storeRunning records running sandboxes on node n1, as the master does
 // after a create.
@@ -145,8 +146,8 @@ func registeredOnBoth(t *testing.T, a, b *Registry, node *tokenNode) {
 	}
 }
 
-func createReq(id string) cubelet.CreateRequest {
-	return cubelet.CreateRequest{SandboxID: id, Template: "base", EnvdAccessToken: "x"}
+func createReq(id string) nodeproto.CreateRequest {
+	return nodeproto.CreateRequest{SandboxID: id, Template: "base", EnvdAccessToken: "x"}
 }
 
 // A cubelet that restarts re-registers with a new token through replica A;
@@ -203,7 +204,8 @@ func TestReRegistrationThroughOtherReplica(t *testing.T) {
 // cubelet re-registered (new token) through another replica while the
 // probe was on its way.
 func TestProbeRereadsStaleToken(t *testing.T) {
-	rs, _ := replicas(t, 2, Config{HeartbeatInterval: time.Hour, DownAfter: 100 * time.Millisecond, ProbeTimeout: 2 * time.Second})
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	rs, _ := replicas(t, 2, Config{HeartbeatInterval: time.Hour, DownAfter: 100 * time.Millisecond, ProbeTimeout: 2 * time.Second, Clock: clk})
 	a, leader := rs[0], rs[1]
 	ctx := context.Background()
 	node := newTokenNode(t, "t1")
@@ -213,7 +215,7 @@ func TestProbeRereadsStaleToken(t *testing.T) {
 	if err := leader.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // heartbeats missed: the leader probes
+	clk.SetTime(clk.Now().Add(300 * time.Millisecond)) // heartbeats missed: the leader probes
 	// The cubelet restarts with a new token; the leader's probe, with the
 	// old one, reaches it just before it registers through A.
 	node.restart("t2")
@@ -244,7 +246,7 @@ func TestProbeRereadsStaleToken(t *testing.T) {
 
 	// A node that really refuses its stored token is judged as before.
 	node.restart("t9")
-	time.Sleep(300 * time.Millisecond)
+	clk.SetTime(clk.Now().Add(300 * time.Millisecond))
 	leader.checkHealth(ctx)
 	if st, _ := leader.Node("n1"); st.State != StateDown || !strings.Contains(st.Reason, "missing or wrong node token") {
 		t.Fatalf("node refusing its stored token: %+v", st)

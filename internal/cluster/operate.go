@@ -59,7 +59,7 @@ func (r *Registry) Drain(ctx context.Context, id string, d Drain) error {
 	err := r.update(ctx, id, func(rec *NodeRecord) error {
 		rec.Isolated = true
 		if rec.Drain == nil || rec.Drain.Policy != d.Policy {
-			d.StartedAt = time.Now().UTC()
+			d.StartedAt = r.cfg.Clock.Now().UTC()
 			rec.Drain = &d
 		}
 		started = *rec.Drain
@@ -94,7 +94,7 @@ func (r *Registry) setProgress(ctx context.Context, id string, d Drain, phase st
 	if cur != nil && cur.DrainStartedAt.Equal(d.StartedAt) && cur.Phase == phase && cur.Remaining == remaining {
 		return
 	}
-	p := DrainProgress{DrainStartedAt: d.StartedAt, Phase: phase, Remaining: remaining, UpdatedAt: time.Now().UTC()}
+	p := DrainProgress{DrainStartedAt: d.StartedAt, Phase: phase, Remaining: remaining, UpdatedAt: r.cfg.Clock.Now().UTC()}
 	if err := r.store.SetDrainProgress(ctx, id, p); err != nil {
 		r.log.Warn("record drain progress", "node", id, "phase", phase, "err", err)
 		return
@@ -176,7 +176,7 @@ func (r *Registry) checkHealth(ctx context.Context) {
 	r.mu.Lock()
 	var late []*node
 	for _, n := range r.nodes {
-		if !n.down && time.Since(n.lastBeat) > r.cfg.DownAfter {
+		if !n.down && r.cfg.Clock.Since(n.lastBeat) > r.cfg.DownAfter {
 			late = append(late, n)
 		}
 	}
@@ -197,11 +197,11 @@ func (r *Registry) checkHealth(ctx context.Context) {
 		}
 		r.mu.Lock()
 		if err == nil {
-			n.lastBeat = time.Now() // alive but not heartbeating: keep it, say why
+			n.lastBeat = r.cfg.Clock.Now() // alive but not heartbeating: keep it, say why
 			n.reason = "heartbeats late; probe ok"
-		} else if time.Since(n.lastBeat) > r.cfg.DownAfter {
+		} else if r.cfg.Clock.Since(n.lastBeat) > r.cfg.DownAfter {
 			n.down = true
-			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", time.Since(n.lastBeat).Round(time.Second), err)
+			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", r.cfg.Clock.Since(n.lastBeat).Round(time.Second), err)
 			r.log.Warn("node down", "node", n.rec.ID, "reason", n.reason)
 		}
 		down, reason, id, judged := n.down, n.reason, n.rec.ID, n.lastBeat
@@ -302,7 +302,7 @@ func (r *Registry) driveDrains(ctx context.Context) {
 
 // drainPhase is a pure function of the drain and the clock.
 func (r *Registry) drainPhase(d Drain) string {
-	elapsed := time.Since(d.StartedAt)
+	elapsed := r.cfg.Clock.Since(d.StartedAt)
 	switch {
 	case elapsed < d.Grace:
 		return "grace"

@@ -2,12 +2,15 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"sort"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodeapi"
@@ -34,7 +37,14 @@ type Config struct {
 	// them (template distribution); nil when the server holds none.
 	Templates  TemplateSource
 	HTTPClient *http.Client
-	Logger     *slog.Logger
+	// Connect returns the client that reaches a node; nil means the
+	// node's CubeletService over HTTP at its RPCURL with its token. An
+	// all-in-one Cube connects its own node in-process.
+	Connect func(NodeRecord) *nodeapi.Client
+	// Clock tells the time of heartbeats, Down decisions, drains and
+	// create reservations (default the real one; tests step a fake).
+	Clock  clock.PassiveClock
+	Logger *slog.Logger
 }
 
 // TemplateSource is the server's own template registry.
@@ -55,6 +65,9 @@ func (c *Config) defaults() {
 	}
 	if c.Recent <= 0 {
 		c.Recent = 2 * time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
@@ -142,7 +155,7 @@ func (r *Registry) Load(ctx context.Context) error {
 		return fmt.Errorf("load nodes: %w", err)
 	}
 	r.mu.Lock()
-	now := time.Now()
+	now := r.cfg.Clock.Now()
 	for _, rec := range recs {
 		// A freshly started server gives every node a full DownAfter
 		// before judging it, whatever the stored heartbeat says.
@@ -224,6 +237,9 @@ func (r *Registry) SyncLoop(ctx context.Context) {
 }
 
 func (r *Registry) newClient(rec NodeRecord) *nodeapi.Client {
+	if r.cfg.Connect != nil {
+		return r.cfg.Connect(rec)
+	}
 	return nodeapi.NewClient(r.cfg.HTTPClient, rec.RPCURL, rec.Token)
 }
 
@@ -233,6 +249,13 @@ func (r *Registry) recount(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.recountFrom(all)
+	return nil
+}
+
+// recountFrom recomputes every node's used capacity from all, the whole
+// sandbox table as just read.
+func (r *Registry) recountFrom(all []store.Sandbox) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.nodes {
@@ -250,7 +273,7 @@ func (r *Registry) recount(ctx context.Context) error {
 	// Reservations of creates not yet recorded by the master still count,
 	// or a recount racing with a create would free capacity it holds.
 	for id, h := range r.holds {
-		if stored[id] || time.Since(h.at) > r.cfg.Recent {
+		if stored[id] || r.cfg.Clock.Since(h.at) > r.cfg.Recent {
 			delete(r.holds, id)
 			continue
 		}
@@ -262,7 +285,6 @@ func (r *Registry) recount(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
 }
 
 // hold is capacity reserved for a create the master has not recorded yet.
@@ -294,9 +316,9 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 			stored.Isolated, stored.Drain, stored.RegisteredAt = isolated, drain, first
 		}
 		if stored.RegisteredAt.IsZero() {
-			stored.RegisteredAt = time.Now().UTC()
+			stored.RegisteredAt = r.cfg.Clock.Now().UTC()
 		}
-		stored.LastHeartbeat, stored.Down, stored.DownReason = time.Now().UTC(), false, ""
+		stored.LastHeartbeat, stored.Down, stored.DownReason = r.cfg.Clock.Now().UTC(), false, ""
 		return nil
 	})
 	if err != nil {
@@ -308,7 +330,7 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 		n = &node{}
 		r.nodes[rec.ID] = n
 	}
-	n.rec, n.client, n.lastBeat, n.down, n.reason = rec, r.newClient(rec), time.Now(), false, ""
+	n.rec, n.client, n.lastBeat, n.down, n.reason = rec, r.newClient(rec), r.cfg.Clock.Now(), false, ""
 	r.mu.Unlock()
 	r.log.Info("node registered", "node", rec.ID, "version", rec.Version, "rpc", rec.RPCURL, "dataIP", rec.DataIP)
 	return r.recount(ctx)
@@ -329,7 +351,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 	if n.down {
 		r.log.Info("node is back", "node", id)
 	}
-	n.lastBeat, n.down, n.reason = time.Now(), false, ""
+	n.lastBeat, n.down, n.reason = r.cfg.Clock.Now(), false, ""
 	beat := n.lastBeat.UTC()
 	life := r.life
 	r.mu.Unlock()
@@ -360,17 +382,27 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 		onNode[sid] = true
 	}
 	known := map[string]bool{}
+	remaining := all[:0:0]
 	for _, sb := range all {
 		if sb.NodeID != id {
+			remaining = append(remaining, sb)
 			continue
 		}
 		known[sb.ID] = true
 		if !onNode[sb.ID] && !r.isRecent(sb.ID) && life != nil {
-			r.log.Warn("sandbox lost: its node no longer runs it", "node", id, "sandbox", sb.ID)
-			if err := life.Forget(ctx, sb.ID); err != nil {
-				r.log.Warn("forget lost sandbox", "sandbox", sb.ID, "err", err)
+			// A kill that ran since this table was read already removed
+			// it (not found): nothing was lost.
+			err := life.Forget(ctx, sb.ID)
+			if err == nil {
+				r.log.Warn("sandbox lost: its node no longer runs it", "node", id, "sandbox", sb.ID)
+				continue
 			}
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue
+			}
+			r.log.Warn("forget lost sandbox", "sandbox", sb.ID, "err", err)
 		}
+		remaining = append(remaining, sb)
 	}
 	for _, sid := range running {
 		if !known[sid] && !r.isRecent(sid) {
@@ -378,14 +410,17 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 		}
 	}
 	sort.Strings(kill)
-	return kill, false, r.recount(ctx)
+	// One read of the sandbox table serves both the reconcile above and
+	// the capacity recount (less what was just forgotten).
+	r.recountFrom(remaining)
+	return kill, false, nil
 }
 
 func (r *Registry) isRecent(sandboxID string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t, ok := r.recent[sandboxID]
-	if ok && time.Since(t) > r.cfg.Recent {
+	if ok && r.cfg.Clock.Since(t) > r.cfg.Recent {
 		delete(r.recent, sandboxID)
 		return false
 	}

@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/nodeapi"
+	"github.com/cube-dev/cube/internal/nodeproto"
 )
 
 var (
@@ -53,8 +52,8 @@ func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node
 	n.inflight++
 	n.usedCPU += req.CPU
 	n.usedMemMB += req.MemoryMB
-	r.recent[sandboxID] = time.Now()
-	r.holds[sandboxID] = hold{node: id, cpu: req.CPU, memMB: req.MemoryMB, at: time.Now()}
+	r.recent[sandboxID] = r.cfg.Clock.Now()
+	r.holds[sandboxID] = hold{node: id, cpu: req.CPU, memMB: req.MemoryMB, at: r.cfg.Clock.Now()}
 	return n, n.client, func(ok bool) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -125,10 +124,10 @@ func (r *Registry) reloadClient(ctx context.Context, n *node, old *nodeapi.Clien
 }
 
 // CreateSandbox schedules a sandbox onto a node and creates it there.
-func (r *Registry) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
-	tpl, err := r.Template(ctx, req.Template)
+func (r *Registry) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
+	tpl, fetchable, err := r.lookupTemplate(ctx, req.Template)
 	if err != nil {
-		return cubelet.Sandbox{}, err
+		return nodeproto.Sandbox{}, err
 	}
 	cpu, mem := req.CPUCount, req.MemoryMB
 	if cpu <= 0 {
@@ -137,24 +136,23 @@ func (r *Registry) CreateSandbox(ctx context.Context, req cubelet.CreateRequest)
 	if mem <= 0 {
 		mem = tpl.MemoryMB
 	}
-	_, serr := r.serverTemplate(ctx, req.Template)
 	// Schedule on the stored operator state (isolate, uncordon, drain may
 	// have gone through another replica), not on the last Sync's.
 	if err := r.Refresh(ctx); err != nil {
-		return cubelet.Sandbox{}, err
+		return nodeproto.Sandbox{}, err
 	}
-	n, cl, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, serr == nil)
+	n, cl, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, fetchable)
 	if err != nil {
-		return cubelet.Sandbox{}, err
+		return nodeproto.Sandbox{}, err
 	}
-	var sb cubelet.Sandbox
+	var sb nodeproto.Sandbox
 	err = r.call(ctx, n, cl, func(cl *nodeapi.Client) (err error) {
 		sb, err = cl.CreateSandbox(ctx, req)
 		return err
 	})
 	release(err == nil)
 	if err != nil {
-		return cubelet.Sandbox{}, fmt.Errorf("node %s: %w", n.rec.ID, err)
+		return nodeproto.Sandbox{}, fmt.Errorf("node %s: %w", n.rec.ID, err)
 	}
 	sb.NodeID = n.rec.ID
 	return sb, nil
@@ -232,12 +230,12 @@ func (r *Registry) SandboxAddr(ctx context.Context, id string, port uint16) (str
 }
 
 // SandboxMetrics reads a sandbox's counters on its node.
-func (r *Registry) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
+func (r *Registry) SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error) {
 	n, cl, err := r.liveClient(ctx, id)
 	if err != nil {
-		return cubelet.Metrics{}, err
+		return nodeproto.Metrics{}, err
 	}
-	var m cubelet.Metrics
+	var m nodeproto.Metrics
 	err = r.call(ctx, n, cl, func(cl *nodeapi.Client) (err error) {
 		m, err = cl.SandboxMetrics(ctx, id)
 		return err
@@ -280,19 +278,26 @@ func (r *Registry) UpdateNetwork(ctx context.Context, id string, p master.Networ
 // Template reports a template's defaults: from the server's registry (it
 // can ship it to any node), else from any node that has it.
 func (r *Registry) Template(ctx context.Context, name string) (master.TemplateInfo, error) {
+	t, _, err := r.lookupTemplate(ctx, name)
+	return t, err
+}
+
+// lookupTemplate is Template, also reporting whether the server holds the
+// template (and can ship it to nodes that lack it).
+func (r *Registry) lookupTemplate(ctx context.Context, name string) (tpl master.TemplateInfo, fetchable bool, err error) {
 	if t, err := r.serverTemplate(ctx, name); err == nil {
-		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, nil
+		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, true, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.nodes {
 		for _, t := range n.rec.Templates {
 			if t.Name == name {
-				return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, nil
+				return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, false, nil
 			}
 		}
 	}
-	return master.TemplateInfo{}, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
+	return master.TemplateInfo{}, false, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
 }
 
 func (r *Registry) serverTemplate(ctx context.Context, name string) (TemplateRef, error) {

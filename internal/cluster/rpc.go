@@ -19,6 +19,13 @@ type KeyVerifier interface {
 
 type registryServer struct{ r *Registry }
 
+// NewRegistryService returns RegistryService for r without a transport:
+// an all-in-one Cube's in-process node registers and heartbeats through it
+// exactly as a remote cubelet does through NewRegistryHandler.
+func NewRegistryService(r *Registry) nodev1connect.RegistryServiceClient {
+	return &registryServer{r: r}
+}
+
 // NewRegistryHandler serves RegistryService for cubelets. A cubelet that
 // presents an API key (X-API-Key or Authorization: Bearer) must present a
 // valid one; with requireKey, every cubelet must. (The server reaches each

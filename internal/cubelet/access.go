@@ -3,6 +3,7 @@ package cubelet
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
@@ -21,6 +22,10 @@ func (c *Cubelet) SandboxAddr(ctx context.Context, id string, port uint16) (stri
 	}
 	return c.dp.DialAddr(hp), nil
 }
+
+// DataIP is the address at which the host ports of this node's sandboxes
+// are dialled from the host netns (see DialContext).
+func (c *Cubelet) DataIP() netip.Addr { return c.dp.DialHost() }
 
 // HostPort returns the host port mapped to guest port `port` of a sandbox,
 // mapping one on first use. The owner record is updated before the kernel.

@@ -9,33 +9,21 @@ import (
 	"os"
 	"time"
 
+	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
-	"github.com/cube-dev/cube/internal/failpoint"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
-)
-
-// Create steps, in order. Each is a failpoint name ("create/<step>") so tests
-// can crash the cubelet between any two of them. CreateSteps are the cold
-// path's (and a plain pool slot's); SlotCreateSteps a pre-started slot's
-// (take.go).
-var (
-	CreateSteps = []string{
-		"after-record", "after-attach", "after-egress", "after-start", "after-mapping", "after-running",
-	}
-	SlotCreateSteps = []string{
-		"after-record", "after-attach", "after-egress", "after-hostname", "after-files", "after-envd-init",
-		"after-limits", "after-mapping", "after-running",
-	}
 )
 
 // envdReadyTimeout bounds how long a create waits for envd to listen.
 const envdReadyTimeout = 30 * time.Second
 
 // CreateSandbox creates and starts a sandbox, returning once envd inside it
-// is listening. On failure everything it made is removed again.
-func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sandbox, err error) {
+// is listening: it runs the create pipeline (pipeline.go), from a ready
+// pool slot when one fits, else from the start. On failure everything it
+// made is removed again.
+func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox, error) {
 	if !validID(req.SandboxID) {
 		return Sandbox{}, fmt.Errorf("sandbox id %q: %w", req.SandboxID, errdefs.ErrInvalidArgument)
 	}
@@ -55,118 +43,34 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (sb Sand
 		return Sandbox{}, fmt.Errorf("sandbox %s: %w", req.SandboxID, errdefs.ErrAlreadyExists)
 	}
 
-	rec := nodestore.Sandbox{
+	b := &build{c: c, kind: "create", tmpl: tmpl, token: req.EnvdAccessToken, envVars: req.EnvVars,
+		mayKeepSlotToken: req.NodeMayChooseToken}
+	b.rec = nodestore.Sandbox{
 		ID: req.SandboxID, Template: tmpl.Name, State: nodestore.StateCreating,
 		CPUCount: pick(req.CPUCount, tmpl.CPUCount), MemoryMB: pick(req.MemoryMB, tmpl.MemoryMB),
 		DiskSizeMB: tmpl.DiskSizeMB, EnvdVersion: c.cfg.EnvdVersion,
 		AllowInternet: req.AllowInternet, CreatedAt: time.Now().UTC(),
 	}
-	if rec.Generation, err = c.store.NextGeneration(); err != nil {
+	if b.rec.Generation, err = c.store.NextGeneration(); err != nil {
 		return Sandbox{}, err
 	}
-	ps, fromPool := c.takeSlot(tmpl)
-	for fromPool && ps.prestarted() && !ps.alive() {
-		c.discardSlot(ps)
-		ps, fromPool = c.takeSlot(tmpl)
+	if s, ok := c.takeUsableSlot(tmpl); ok {
+		b.from, b.reached = &s, s.stage
 	}
-	if fromPool && ps.prestarted() {
-		return c.createFromSlot(ctx, req, rec, ps)
-	}
-	slot := ps.rec
-	ip, hostPort, release, err := c.allocate(ctx, slot)
-	if err != nil {
-		if fromPool {
-			c.returnSlot(ps)
-		}
+	defer b.done()
+	if err := b.run(ctx, stepRunning); err != nil {
 		return Sandbox{}, err
 	}
-	defer release()
-	rec.IP = ip
-	rec.Ports = map[uint16]uint16{EnvdPort: hostPort}
-
-	// The owner record goes first: every kernel object made below can be
-	// traced back to it, and a crash leaves something Reconcile can find.
-	// A pool slot's record is replaced by the sandbox's in one transaction.
-	if fromPool {
-		err = c.store.PutReplacing(rec, slot.ID)
-	} else {
-		err = c.store.Put(rec)
-	}
-	if err != nil {
-		if fromPool {
-			c.returnSlot(ps)
-		}
-		return Sandbox{}, fmt.Errorf("write owner record: %w", err)
-	}
-	defer func() {
-		if err == nil {
-			return
-		}
-		c.cleanUpFailedCreate(ctx, rec, func(cctx context.Context) {
-			if fromPool {
-				// The slot's endpoint may still carry the slot's name.
-				c.dp.Detach(cctx, slot.ID)
-				os.Remove(c.slotDisk(slot.ID))
-				os.Remove(c.slotFilePath(slot.ID))
-			}
-		})
-	}()
-	if err := failpoint.Hit("create/after-record"); err != nil {
-		return Sandbox{}, err
-	}
-
-	var ep cubevs.Endpoint
-	if fromPool {
-		ep, err = c.dp.Rename(ctx, slot.ID, rec.ID, ip)
-		os.Remove(c.slotFilePath(slot.ID))
-	} else {
-		ep, err = c.dp.Attach(ctx, rec.ID, ip)
-	}
-	if err != nil {
-		return Sandbox{}, fmt.Errorf("attach network: %w", err)
-	}
-	if err := failpoint.Hit("create/after-attach"); err != nil {
-		return Sandbox{}, err
-	}
-	if err := c.dp.SetEgress(ctx, rec.ID, ip, egressOf(rec)); err != nil {
-		return Sandbox{}, fmt.Errorf("egress policy: %w", err)
-	}
-	if err := failpoint.Hit("create/after-egress"); err != nil {
-		return Sandbox{}, err
-	}
-
-	spec, err := c.runtimeSpec(rec, req.EnvdAccessToken, req.EnvVars, tmpl.RootfsPath, ep.NetNSPath)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	spec.PreparedDisk = c.preparedDisk(slot, spec.DiskSizeMB)
-	if _, err := c.startSandbox(ctx, spec); err != nil {
-		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
-	}
-	if err := failpoint.Hit("create/after-start"); err != nil {
-		return Sandbox{}, err
-	}
-	if err := c.dp.AddMapping(ctx, cubevs.Mapping{Owner: rec.ID, HostPort: hostPort, SandboxIP: ip, GuestPort: EnvdPort}); err != nil {
-		return Sandbox{}, fmt.Errorf("map envd port: %w", err)
-	}
-	if err := failpoint.Hit("create/after-mapping"); err != nil {
-		return Sandbox{}, err
-	}
-	rec.State = nodestore.StateRunning
-	if err := c.putRecord(rec); err != nil {
-		return Sandbox{}, fmt.Errorf("record running sandbox: %w", err)
-	}
-	if err := failpoint.Hit("create/after-running"); err != nil {
-		return Sandbox{}, err
-	}
-	c.log.Info("sandbox created", "sandbox", rec.ID, "template", rec.Template, "ip", ip, "envdHostPort", hostPort)
-	sb = toSandbox(rec)
-	sb.EnvdAccessToken = req.EnvdAccessToken
+	c.log.Info("sandbox created", "sandbox", b.rec.ID, "template", b.rec.Template, "ip", b.rec.IP,
+		"envdHostPort", b.hostPort, "runtime", b.rec.Runtime())
+	c.log.Debug("sandbox create steps", append([]any{"sandbox", b.rec.ID}, b.st.attrs()...)...)
+	sb := toSandbox(b.rec)
+	sb.EnvdAccessToken = b.token
 	return sb, nil
 }
 
 // runtimeSpec builds the namespace runtime's blueprint for one sandbox (or
-// pre-started pool slot), named by rec.Runtime().
+// pre-started pool slot), named by rec.Runtime(); its hostname is rec.ID.
 func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[string]string, rootfs, netnsPath string) (nsrt.Spec, error) {
 	envdCfg, err := json.Marshal(map[string]any{
 		"accessToken": token,
@@ -208,6 +112,14 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		Reaper:       reaper,
 	}, nil
 }
+
+// sandboxResources are the cgroup limits of a sandbox.
+func sandboxResources(rec nodestore.Sandbox) cgroup.Resources {
+	return cgroup.Resources{CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, PidsMax: sandboxPidsMax}
+}
+
+// sandboxPidsMax bounds the tasks of one sandbox.
+const sandboxPidsMax = 4096
 
 // ReaperName is the file name of the pid-1 reaper looked for next to envd.
 const ReaperName = "cube-reaper"
@@ -361,18 +273,4 @@ func validID(id string) bool {
 		}
 	}
 	return id[0] != '-'
-}
-
-// cleanUpFailedCreate tears down what a failed create made of rec (its
-// record names every kernel object), then runs more, if any, with the same
-// bounded context: the caller may have gone, the cleanup may not.
-func (c *Cubelet) cleanUpFailedCreate(ctx context.Context, rec nodestore.Sandbox, more func(context.Context)) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := c.teardown(cctx, rec); err != nil {
-		c.log.Error("clean up failed create", "sandbox", rec.ID, "runtime", rec.Runtime(), "err", err)
-	}
-	if more != nil {
-		more(cctx)
-	}
 }

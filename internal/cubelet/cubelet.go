@@ -54,11 +54,12 @@ type Config struct {
 	// NoDiskLimit leaves the writable layer unlimited instead of putting it
 	// on a per-sandbox filesystem of the template's disk size.
 	NoDiskLimit bool
-	// OnReaped is told about each sandbox found dead (its supervisor gone)
-	// and removed while the cubelet runs; the all-in-one server forgets it.
-	// In cluster mode the next heartbeat carries the news instead.
-	OnReaped func(id string) `json:"-"`
-	// MaintainInterval is how often dead sandboxes are looked for
+	// OnDead is told about each sandbox found dead (its supervisor gone)
+	// and removed while the cubelet runs (sweepDead); the all-in-one server
+	// forgets it. In cluster mode the next heartbeat carries the news
+	// instead.
+	OnDead func(id string) `json:"-"`
+	// MaintainInterval is how often dead sandboxes are swept
 	// (default DefaultMaintainInterval; negative disables).
 	MaintainInterval time.Duration
 	// PoolSize is how many pre-provisioned slots the warm pool keeps
@@ -122,7 +123,7 @@ type Cubelet struct {
 	strayPorts map[uint16]bool
 	reconciled bool
 
-	// watches and probes: see shimLiveness.
+	// watches and probes: see livenessOf (liveness.go).
 	watches shimWatches
 	probes  atomic.Int64
 	// turns admits creates, CreateParallelism at a time (nil: no limit).
@@ -173,15 +174,10 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		store.Close()
 		return nil, fmt.Errorf("open dataplane: %w", err)
 	}
-	c := &Cubelet{
-		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store,
-		locks:         map[string]*idLock{},
-		reservedIPs:   map[netip.Addr]bool{},
-		reservedPorts: map[uint16]bool{},
-		pool:          pool{kick: make(chan struct{}, 1)},
-		turns:         newTurns(cfg.CreateParallelism),
-		stopPool:      func() {},
-	}
+	c := newCubelet(cfg, templates, dp, store)
+	c.pool = pool{kick: make(chan struct{}, 1)}
+	c.turns = newTurns(cfg.CreateParallelism)
+	c.stopPool = func() {}
 	if err := c.setUpRuntime(); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("sandbox runtime: %w", err)
@@ -228,6 +224,5 @@ func (c *Cubelet) Close() error {
 func (cfg Config) sandboxesDir() string { return filepath.Join(cfg.StateDir, "sandboxes") }
 
 // sandboxDir is the state dir of the runtime called name: a record's
-// Runtime(), which is a pool slot's id for a sandbox made from a
-// pre-started slot.
+// Runtime(), which is a pool slot's id for a sandbox made from a slot.
 func (c *Cubelet) sandboxDir(name string) string { return filepath.Join(c.cfg.sandboxesDir(), name) }

@@ -49,6 +49,18 @@ func envdHealthy(t *testing.T, c *Cubelet, id string) error {
 // remains: records, state dirs, mappings, endpoints, cgroups.
 func assertClean(t *testing.T, c *Cubelet, live ...string) {
 	t.Helper()
+	left, err := leftovers(c, live...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range left {
+		t.Error(l)
+	}
+}
+
+// leftovers lists what remains of the node's sandboxes other than `live`
+// (and warm-pool slots): records, state dirs, mappings, endpoints, cgroups.
+func leftovers(c *Cubelet, live ...string) ([]string, error) {
 	ctx := context.Background()
 	want := map[string]bool{}
 	for _, id := range live {
@@ -60,11 +72,11 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 	// below.
 	maps, err := c.dp.Mappings(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	eps, err := c.dp.Endpoints(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	dirs := c.stateDirIDs()
 	ids, _ := cgroup.List(c.cfg.CgroupParent)
@@ -76,39 +88,41 @@ func assertClean(t *testing.T, c *Cubelet, live ...string) {
 			want[r.ID] = true
 		}
 	}
-	// State dirs and cgroups are named by the record's runtime (a slot's
-	// id for a sandbox made from a pre-started slot).
+	// Runtime objects are named by the record's runtime (a slot's id for
+	// a sandbox made from a slot).
+	var left []string
 	wantRT := map[string]bool{}
 	for _, r := range recs {
 		if !want[r.ID] {
-			t.Errorf("leftover record %s (%s)", r.ID, r.State)
+			left = append(left, fmt.Sprintf("leftover record %s (%s)", r.ID, r.State))
 			continue
 		}
 		wantRT[r.Runtime()] = true
 	}
 	if len(bad) > 0 {
-		t.Errorf("bad records: %v", bad)
+		left = append(left, fmt.Sprintf("bad records: %v", bad))
 	}
 	for _, id := range dirs {
 		if !wantRT[id] {
-			t.Errorf("leftover state dir %s", id)
+			left = append(left, "leftover state dir "+id)
 		}
 	}
 	for _, m := range maps {
 		if !wantRT[m.Owner] {
-			t.Errorf("leftover mapping %+v", m)
+			left = append(left, fmt.Sprintf("leftover mapping %+v", m))
 		}
 	}
 	for _, ep := range eps {
 		if !wantRT[ep.Owner] {
-			t.Errorf("leftover endpoint %+v", ep)
+			left = append(left, fmt.Sprintf("leftover endpoint %+v", ep))
 		}
 	}
 	for _, id := range ids {
 		if validID(id) && !wantRT[id] {
-			t.Errorf("leftover cgroup %s", id)
+			left = append(left, "leftover cgroup "+id)
 		}
 	}
+	return left, nil
 }
 
 func TestCreateReachKill(t *testing.T) {
@@ -211,12 +225,18 @@ func TestLostStoreRebuildsAndSweepsOrphans(t *testing.T) {
 	}
 }
 
-// TestWarmPool creates sandboxes from pre-provisioned slots: the slot's
-// network is renamed to the sandbox, the pool refills, and nothing of a
-// slot is left behind after a kill or a restart.
+// TestWarmPool creates sandboxes from pre-provisioned slots: the sandbox
+// keeps the slot's IP and network (named by the slot), the pool refills,
+// and nothing of a slot is left behind after a kill or a restart.
 func TestWarmPool(t *testing.T) {
+	for _, prestart := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prestart=%v", prestart), func(t *testing.T) { warmPool(t, prestart) })
+	}
+}
+
+func warmPool(t *testing.T, prestart bool) {
 	n := newTestNode(t)
-	n.cfg.PoolSize = 2
+	n.cfg.PoolSize, n.cfg.PoolPrestart = 2, prestart
 	c := n.start(t)
 	ctx := context.Background()
 	waitPool := func(want int) {
@@ -245,12 +265,14 @@ func TestWarmPool(t *testing.T) {
 	if err := envdHealthy(t, c, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	// The endpoint is owned by the record's runtime name: the slot's id for
-	// a pre-started slot (it keeps its name), the sandbox's for a plain one
-	// (renamed at take).
+	// The endpoint is owned by the record's runtime name: the slot's id,
+	// which it keeps for life.
 	rec, err := c.store.Get(sb.ID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !isSlot(rec.Runtime()) {
+		t.Fatalf("record %+v: runtime not named by the slot", rec)
 	}
 	eps, _ := c.dp.Endpoints(ctx)
 	found := false
@@ -262,6 +284,11 @@ func TestWarmPool(t *testing.T) {
 	}
 	waitPool(2)
 	assertClean(t, c, sb.ID)
+	// Doctor agrees: slots and sandbox are owned (a plain slot's state dir
+	// holds only its disk image, and no shim runs for it).
+	if in, err := Inspect(ctx, n.cfg); err != nil || in.Problems() != 0 {
+		t.Fatalf("inspect: %+v, %v", in, err)
+	}
 	// A restart keeps the slots and the sandbox.
 	c.Close()
 	c = n.start(t)
@@ -288,7 +315,7 @@ func TestWarmPool(t *testing.T) {
 func TestDeadSandboxIsReapedAndReported(t *testing.T) {
 	n := newTestNode(t)
 	reported := make(chan string, 1)
-	n.cfg.OnReaped = func(id string) { reported <- id }
+	n.cfg.OnDead = func(id string) { reported <- id }
 	n.cfg.MaintainInterval = 100 * time.Millisecond
 	c := n.start(t)
 	ctx := context.Background()

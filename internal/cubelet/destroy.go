@@ -80,10 +80,11 @@ func (c *Cubelet) stop(ctx context.Context, rec nodestore.Sandbox) (killErr, err
 // It keeps going past failed steps; the record stays if anything is left.
 func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox) error {
 	rt := rec.Runtime()
-	// A sandbox made from a pre-started slot keeps the slot's endpoint and
-	// egress chain (named by its RuntimeID); one made from a plain slot may
-	// still have it under the slot's name after a crash before the rename.
-	detachSlot := rt != rec.ID
+	// Every runtime object is named rt. A record the previous version wrote
+	// while renaming a plain slot's endpoint to the sandbox id (RuntimeID =
+	// slot id) may have it under either name: detach both (a no-op for the
+	// name that has none).
+	renamedByOld := rt != rec.ID
 	var errs []error
 	st := newStepTimer()
 	for _, hp := range rec.Ports {
@@ -95,12 +96,12 @@ func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox) error {
 		return err
 	}
 	st.mark("unmap")
-	if err := c.dp.Detach(ctx, rec.ID); err != nil {
+	if err := c.dp.Detach(ctx, rt); err != nil {
 		errs = append(errs, fmt.Errorf("detach network: %w", err))
 	}
-	if detachSlot {
-		if err := c.dp.Detach(ctx, rt); err != nil {
-			errs = append(errs, fmt.Errorf("detach slot network: %w", err))
+	if renamedByOld {
+		if err := c.dp.Detach(ctx, rec.ID); err != nil {
+			errs = append(errs, fmt.Errorf("detach network under the sandbox id: %w", err))
 		}
 	}
 	if err := failpoint.Hit("destroy/after-detach"); err != nil {

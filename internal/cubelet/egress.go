@@ -6,7 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/cube-dev/cube/internal/cubevs"
-	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/nodestore"
 )
 
@@ -27,24 +27,6 @@ func (c *Cubelet) UpdateEgress(ctx context.Context, id string, p cubevs.EgressPo
 	return c.putRecord(rec)
 }
 
-// ParsePrefixes turns CIDRs or bare IPv4 addresses into prefixes. Domain
-// names are not enforceable by the nftables datapath and are refused.
-func ParsePrefixes(entries []string) ([]netip.Prefix, error) {
-	out := make([]netip.Prefix, 0, len(entries))
-	for _, e := range entries {
-		if p, err := netip.ParsePrefix(e); err == nil {
-			out = append(out, p.Masked())
-			continue
-		}
-		if a, err := netip.ParseAddr(e); err == nil {
-			out = append(out, netip.PrefixFrom(a, a.BitLen()))
-			continue
-		}
-		return nil, fmt.Errorf("egress rule %q: only CIDRs and IP addresses are supported on this node: %w", e, errdefs.ErrNotImplemented)
-	}
-	return out, nil
-}
-
 func prefixStrings(ps []netip.Prefix) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
@@ -55,7 +37,7 @@ func prefixStrings(ps []netip.Prefix) []string {
 
 // egressOf is the egress policy recorded for a sandbox.
 func egressOf(r nodestore.Sandbox) cubevs.EgressPolicy {
-	allow, _ := ParsePrefixes(r.AllowOut)
-	deny, _ := ParsePrefixes(r.DenyOut)
+	allow, _ := nodeproto.ParsePrefixes(r.AllowOut)
+	deny, _ := nodeproto.ParsePrefixes(r.DenyOut)
 	return cubevs.EgressPolicy{AllowInternet: r.AllowInternet, AllowOut: allow, DenyOut: deny}
 }

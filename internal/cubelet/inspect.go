@@ -6,22 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sort"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
-	"github.com/cube-dev/cube/internal/nsrt"
-	"github.com/cube-dev/cube/internal/shim"
-	"github.com/cube-dev/cube/internal/template"
 )
 
 // Mapping statuses reported by Inspect. StatusOrphan is the only place the
@@ -53,7 +45,8 @@ const (
 	FindingEndpoint       = "endpoint"        // netns pin or veth with no live owner
 	FindingStateDir       = "state-dir"       // sandbox state dir with no live owner
 	FindingCgroup         = "cgroup"          // sandbox cgroup with no live owner
-	FindingDeadShim       = "dead-shim"       // record says running, shim does not answer
+	FindingDeadShim       = "dead-shim"       // record says running, shim gone
+	FindingSilentShim     = "silent-shim"     // record says running, shim alive but does not answer
 	FindingHalfMade       = "half-made"       // record creating/deleting, shim gone
 	FindingBadRecord      = "bad-record"      // record that cannot be decoded
 	FindingMissingMapping = "missing-mapping" // live owner's mapping absent from the kernel
@@ -80,7 +73,8 @@ type Inspection struct {
 	Dataplane bool            `json:"dataplane"`
 	Mappings  []MappingStatus `json:"mappings"`
 	Findings  []Finding       `json:"findings"`
-	// Live lists the sandboxes with an owner record and an answering shim.
+	// Live lists the sandboxes a reconcile would keep: an owner record and
+	// a shim not known to be gone (liveness.go).
 	Live []string `json:"live"`
 	// Runtime is what the node starts sandboxes with (RuntimeFile; nil
 	// when no cubelet of this version has started on it), Supervisors the
@@ -88,9 +82,6 @@ type Inspection struct {
 	Runtime     *RuntimeInfo       `json:"runtime,omitempty"`
 	Supervisors []SupervisorStatus `json:"supervisors"`
 }
-
-// shimTimeout bounds the liveness probe of one shim.
-const shimTimeout = 2 * time.Second
 
 // Inspect reads the node described by cfg (state dir, dataplane, cgroup
 // parent) and classifies every mapping and every other piece of sandbox
@@ -103,30 +94,38 @@ func Inspect(ctx context.Context, cfg Config) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	// live is keyed by sandbox (and slot) id, which names mappings; liveRT
-	// by runtime name, which names endpoints, state dirs and cgroups (a
-	// record's Runtime(): a slot's id for a sandbox made from a pre-started
-	// slot).
+	// live is keyed by sandbox (and slot) id; liveRT by runtime name, which
+	// names mappings, endpoints, state dirs and cgroups (a record's
+	// Runtime(): the slot's id for a sandbox made from a pool slot).
 	live, liveRT := map[string]bool{}, map[string]bool{}
 	for id, r := range recs {
-		alive := r.State == nodestore.StatePooled && r.Template == "" // a plain warm-pool slot: owned by the pool, no shim
-		if !alive {
-			alive = probeShim(ctx, cfg, r.Runtime())
+		l := livenessAlive // a plain warm-pool slot: owned by the pool, nothing runs
+		if r.State != nodestore.StatePooled || r.Template != "" {
+			l, _ = probe(ctx, filepath.Join(cfg.sandboxesDir(), r.Runtime()), false)
 		}
 		switch {
-		case alive:
+		case r.State == nodestore.StatePooled && l == livenessAlive:
 			live[id], liveRT[r.Runtime()] = true, true
 		case r.State == nodestore.StatePooled:
-			in.add(FindingDeadShim, "problem", "pool slot "+id, "pre-started slot's sandbox does not run; reconcile drops the slot")
+			in.add(FindingDeadShim, "problem", "pool slot "+id, "pre-started slot's sandbox does not run or answer; reconcile drops the slot")
+		case keepRecord(r, l):
+			// What reconcile keeps is live, an unanswering supervisor too.
+			live[id], liveRT[r.Runtime()] = true, true
+			if l == livenessUnknown {
+				in.add(FindingSilentShim, "problem", "sandbox "+id, "the shim runs but does not answer (stopped or overloaded); reconcile keeps the sandbox")
+			}
 		case r.State == nodestore.StateRunning:
-			in.add(FindingDeadShim, "problem", "sandbox "+id, "record says running but the shim does not answer; reconcile reaps it")
+			in.add(FindingDeadShim, "problem", "sandbox "+id, "record says running but the shim is gone; reconcile removes the sandbox")
 		default:
-			in.add(FindingHalfMade, "problem", "sandbox "+id, fmt.Sprintf("record is %s and no shim runs; reconcile reaps it", r.State))
+			in.add(FindingHalfMade, "problem", "sandbox "+id, fmt.Sprintf("record is %s: a create or kill was cut short; reconcile removes the sandbox", r.State))
 		}
 	}
 	stateIDs := stateDirIDs(cfg)
 	for _, name := range stateIDs {
-		if !liveRT[name] && in.Source == SourceStateDirs && probeShim(ctx, cfg, name) {
+		if liveRT[name] || in.Source != SourceStateDirs {
+			continue
+		}
+		if l, _ := probe(ctx, filepath.Join(cfg.sandboxesDir(), name), false); l != livenessDead {
 			// A create in progress: its record.json is written once it runs.
 			liveRT[name] = true
 			if !isSlot(name) {
@@ -173,9 +172,9 @@ func (in *Inspection) Problems() int {
 	return n
 }
 
-// inspectDataplane classifies mappings (owned by sandbox ids, live) and
-// endpoints (owned by runtime names, liveRT: a pre-started slot's endpoint
-// keeps the slot's name).
+// inspectDataplane classifies mappings and endpoints, both owned by
+// runtime names (liveRT: a sandbox made from a pool slot keeps the slot's
+// name).
 func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[string]nodestore.Sandbox, live, liveRT map[string]bool) error {
 	dp, err := cubevs.OpenExisting(ctx, cfg.Network)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -190,8 +189,8 @@ func inspectDataplane(ctx context.Context, cfg Config, in *Inspection, recs map[
 	if err != nil {
 		return fmt.Errorf("read mappings: %w", err)
 	}
-	// Mappings are owned by runtime names (a pre-started slot's id for a
-	// sandbox made from it).
+	// Mappings are owned by runtime names (a slot's id for a sandbox made
+	// from it).
 	byRT := make(map[string]nodestore.Sandbox, len(recs))
 	for _, r := range recs {
 		byRT[r.Runtime()] = r
@@ -311,123 +310,6 @@ func loadRecords(cfg Config, in *Inspection) (map[string]nodestore.Sandbox, erro
 		in.add(FindingBadRecord, "problem", "record "+k, "undecodable record in the node store; remove it after checking the sandbox")
 	}
 	return out, nil
-}
-
-// StoreLocked reports whether the node store at path is held by another
-// process (a running cubelet holds bbolt's exclusive lock). A missing
-// store yields an error wrapping fs.ErrNotExist.
-func StoreLocked(path string) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return false, unix.Flock(int(f.Fd()), unix.LOCK_UN)
-}
-
-// GC removes orphans and reaps dead sandboxes the way the start-up
-// reconcile does. It refuses while a cubelet holds the node store (a live
-// cubelet reconciles itself) and when no dataplane is pinned.
-func GC(ctx context.Context, cfg Config) (ReconcileReport, error) {
-	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = cgroup.DefaultParent
-	}
-	if locked, err := StoreLocked(cfg.storePath()); err == nil && locked {
-		return ReconcileReport{}, fmt.Errorf("node store %s is held by a running cubelet, which reconciles the node itself; stop it first: %w",
-			cfg.storePath(), errdefs.ErrFailedPrecondition)
-	}
-	if err := os.MkdirAll(cfg.sandboxesDir(), 0o700); err != nil {
-		return ReconcileReport{}, fmt.Errorf("create state dir: %w", err)
-	}
-	dp, err := cubevs.OpenExisting(ctx, cfg.Network)
-	if err != nil {
-		return ReconcileReport{}, fmt.Errorf("open dataplane: %w", err)
-	}
-	store, err := nodestore.Open(cfg.storePath())
-	if err != nil {
-		dp.Close()
-		return ReconcileReport{}, err
-	}
-	c := newCubelet(cfg, nil, dp, store)
-	defer c.Close()
-	return c.Reconcile(ctx)
-}
-
-// newCubelet assembles a cubelet around open handles without the start-up
-// checks and reconcile of New (used by GC).
-func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, store *nodestore.Store) *Cubelet {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	return &Cubelet{
-		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store, shimExe: cfg.Exe,
-		locks:         map[string]*idLock{},
-		reservedIPs:   map[netip.Addr]bool{},
-		reservedPorts: map[uint16]bool{},
-	}
-}
-
-// liveness is what a probe of a sandbox's shim found.
-type liveness int
-
-const (
-	// livenessUnknown: no answer within shimTimeout, the probe was
-	// cancelled, or the shim's record is unreadable. Nothing may be torn
-	// down on it: a busy or stopped shim still holds a live sandbox.
-	livenessUnknown liveness = iota
-	livenessAlive
-	// livenessDead: no shim process (or none was ever recorded), or the
-	// shim reports that its sandbox ended.
-	livenessDead
-)
-
-// probeLiveness asks the shim of the state dir for its sandbox's state.
-func probeLiveness(ctx context.Context, stateDir string) liveness {
-	l, watch := probeLivenessWatch(ctx, stateDir)
-	if watch != nil {
-		watch.Close()
-	}
-	return l
-}
-
-// probeLivenessWatch is probeLiveness that also returns, for a shim found
-// alive, a watch on its process (nil if it could not be made).
-func probeLivenessWatch(ctx context.Context, stateDir string) (liveness, *shim.ExitWatch) {
-	ctx, cancel := context.WithTimeout(ctx, shimTimeout)
-	defer cancel()
-	gone := func(err error) bool { return errors.Is(err, errdefs.ErrNotFound) && ctx.Err() == nil }
-	sb, err := nsrt.Attach(ctx, stateDir)
-	if err != nil {
-		if gone(err) {
-			return livenessDead, nil
-		}
-		return livenessUnknown, nil
-	}
-	defer sb.Close()
-	if !sb.AttachState().Running { // Attach asked the shim already
-		return livenessDead, nil
-	}
-	watch, _ := sb.ExitWatch()
-	return livenessAlive, watch
-}
-
-// shimAliveIn reports whether the shim of the state dir answers and its
-// sandbox runs.
-func shimAliveIn(ctx context.Context, stateDir string) bool {
-	return probeLiveness(ctx, stateDir) == livenessAlive
-}
-
-// probeShim probes the shim of the runtime called name (bounded by
-// shimTimeout, see probeLiveness).
-func probeShim(ctx context.Context, cfg Config, name string) bool {
-	return shimAliveIn(ctx, filepath.Join(cfg.sandboxesDir(), name))
 }
 
 func stateDirIDs(cfg Config) []string {

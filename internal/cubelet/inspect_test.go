@@ -46,20 +46,6 @@ func TestClassifyMapping(t *testing.T) {
 	}
 }
 
-func TestParseSockTable(t *testing.T) {
-	const tcp = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:0BB8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
-   1: 0100007F:4E21 0100007F:0BB8 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
-`
-	got := parseSockTable(strings.NewReader(tcp), true)
-	if len(got) != 1 || got[0] != 3000 {
-		t.Fatalf("tcp listeners %v, want [3000]", got)
-	}
-	if got := parseSockTable(strings.NewReader(tcp), false); len(got) != 2 {
-		t.Fatalf("udp-style parse %v, want both sockets", got)
-	}
-}
-
 // TestInspectAndGC plants orphans of every kind next to a live sandbox and
 // checks Inspect names them (without changing anything), StoreLocked and
 // GC's refusal while a cubelet runs, and that GC removes exactly them.

@@ -3,7 +3,11 @@ package cubelet
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -11,14 +15,113 @@ import (
 
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
-// The liveness check of a cubelet that is shutting down must not take its
-// cancelled probes for dead shims: before the fix, a `cube up` stopped
-// with --keep-sandboxes in the middle of a check tore down every sandbox
-// the check had not reached yet (the bench's restart phase lost 4-10 of
-// 500).
-func TestReapDeadKeepsSandboxesWhenCancelled(t *testing.T) {
+// shimAlive reports whether the shim of the runtime called name answers
+// and its sandbox runs (tests only: the cubelet itself asks livenessOf).
+func (c *Cubelet) shimAlive(ctx context.Context, name string) bool {
+	l, _ := probe(ctx, c.sandboxDir(name), false)
+	return l == livenessAlive
+}
+
+// TestKeepRecord: only a running sandbox whose supervisor is not known to
+// be gone survives a check; a record a crash left creating or deleting
+// never does, whatever its supervisor says.
+func TestKeepRecord(t *testing.T) {
+	for _, tc := range []struct {
+		state string
+		l     liveness
+		want  bool
+	}{
+		{nodestore.StateRunning, livenessAlive, true},
+		{nodestore.StateRunning, livenessUnknown, true},
+		{nodestore.StateRunning, livenessDead, false},
+		{nodestore.StateCreating, livenessAlive, false},
+		{nodestore.StateCreating, livenessUnknown, false},
+		{nodestore.StateDeleting, livenessAlive, false},
+		{nodestore.StateDeleting, livenessDead, false},
+	} {
+		if got := keepRecord(nodestore.Sandbox{ID: "x", State: tc.state}, tc.l); got != tc.want {
+			t.Errorf("keepRecord(%s, %s) = %v, want %v", tc.state, tc.l, got, tc.want)
+		}
+	}
+}
+
+// TestProbeVerdicts drives probe over state dirs a real node can hold
+// without a sandbox: no supervisor recorded or its process gone (dead), a
+// record of a newer schema, a live process that does not answer, a
+// cancelled caller (unknown: nothing may be torn down on them).
+func TestProbeVerdicts(t *testing.T) {
+	writeInfo := func(t *testing.T, dir string, info supervisor.Info) {
+		t.Helper()
+		b, _ := json.Marshal(info)
+		if err := os.WriteFile(filepath.Join(dir, supervisor.InfoFile), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A real process that stays alive and never answers on the socket.
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		setup  func(t *testing.T, dir string)
+		cancel bool
+		want   liveness
+	}{
+		{"no record", func(*testing.T, string) {}, false, livenessDead},
+		{"process gone", func(t *testing.T, dir string) {
+			writeInfo(t, dir, supervisor.Info{Schema: supervisor.SchemaVersion, PID: exited.Process.Pid})
+		}, false, livenessDead},
+		{"newer schema", func(t *testing.T, dir string) {
+			writeInfo(t, dir, supervisor.Info{Schema: supervisor.SchemaVersion + 1, PID: sleeper.Process.Pid})
+		}, false, livenessUnknown},
+		{"silent", func(t *testing.T, dir string) {
+			writeInfo(t, dir, supervisor.Info{Schema: supervisor.SchemaVersion, PID: sleeper.Process.Pid})
+			// Connections queue in the backlog and are never answered.
+			ln, err := net.Listen("unix", filepath.Join(dir, supervisor.SocketFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+		}, false, livenessUnknown},
+		{"cancelled", func(t *testing.T, dir string) {
+			writeInfo(t, dir, supervisor.Info{Schema: supervisor.SchemaVersion, PID: sleeper.Process.Pid})
+		}, true, livenessUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.setup(t, dir)
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.cancel {
+				cancel()
+			}
+			defer cancel()
+			start := time.Now()
+			got, p := probe(ctx, dir, true)
+			if got != tc.want || p.watch != nil {
+				t.Fatalf("probe = %s (watch %v), want %s", got, p.watch, tc.want)
+			}
+			if took := time.Since(start); took > probeTimeout+time.Second {
+				t.Fatalf("probe took %v, bound %v", took, probeTimeout)
+			}
+		})
+	}
+}
+
+// The sweep of dead sandboxes of a cubelet that is shutting down must not
+// take its cancelled probes for dead shims: before the fix, a `cube up`
+// stopped with --keep-sandboxes in the middle of a sweep tore down every
+// sandbox the sweep had not reached yet (the bench's restart phase lost
+// 4-10 of 500).
+func TestSweepDeadKeepsSandboxesWhenCancelled(t *testing.T) {
 	n := newTestNode(t)
 	c := n.start(t)
 	defer c.Close()
@@ -29,8 +132,8 @@ func TestReapDeadKeepsSandboxesWhenCancelled(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if reaped := c.reapDead(ctx); len(reaped) != 0 {
-		t.Fatalf("reaped %v with a cancelled context", reaped)
+	if dead := c.sweepDead(ctx); len(dead) != 0 {
+		t.Fatalf("removed %v with a cancelled context", dead)
 	}
 	for _, id := range []string{"live-a", "live-b"} {
 		if r, err := c.store.Get(id); err != nil || r.State != nodestore.StateRunning {
@@ -40,15 +143,16 @@ func TestReapDeadKeepsSandboxesWhenCancelled(t *testing.T) {
 			t.Errorf("%s: %v", id, err)
 		}
 	}
-	// A shim that really is gone is still reaped.
+	// A shim that really is gone still has its sandbox removed.
 	waitGone(t, killShim(t, c, "live-b"))
-	if reaped := c.reapDead(context.Background()); len(reaped) != 1 || reaped[0] != "live-b" {
-		t.Fatalf("reaped %v, want [live-b]", reaped)
+	if dead := c.sweepDead(context.Background()); len(dead) != 1 || dead[0] != "live-b" {
+		t.Fatalf("removed %v, want [live-b]", dead)
 	}
 }
 
 // A shim that does not answer (stopped, overloaded) at start-up proves
-// nothing: Reconcile keeps its sandbox instead of tearing it down.
+// nothing: Reconcile keeps its sandbox instead of tearing it down, and
+// Inspect says so.
 func TestReconcileKeepsSandboxOfUnansweringShim(t *testing.T) {
 	n := newTestNode(t)
 	c := n.start(t)
@@ -72,6 +176,16 @@ func TestReconcileKeepsSandboxOfUnansweringShim(t *testing.T) {
 			syscall.Kill(shimPID, syscall.SIGCONT)
 		}
 	}()
+	// Inspect judges it as reconcile does: kept (live, its mapping owned),
+	// reported as a silent shim, not as dead.
+	in, err := Inspect(context.Background(), n.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in.Findings) != 1 || in.Findings[0].Kind != FindingSilentShim || len(in.Live) != 1 || in.Live[0] != "frozen" ||
+		len(in.Mappings) != 1 || in.Mappings[0].Status != StatusOwned {
+		t.Fatalf("inspect of a stopped shim: findings %+v, live %v, mappings %+v", in.Findings, in.Live, in.Mappings)
+	}
 	c = n.start(t) // reconciles: the probe times out
 	defer c.Close()
 	if r, err := c.store.Get("frozen"); err != nil || r.State != nodestore.StateRunning {
@@ -113,10 +227,10 @@ func procState(pid int) (byte, error) {
 	return b[i+2], nil
 }
 
-// TestLivenessRoundsPollWatchedShims: a liveness round calls a shim only
-// until it has a watch on its process; later rounds ask the kernel. A
-// watched shim that dies is still found (by the full probe its exit
-// triggers) and its sandbox reaped, and a torn-down sandbox's watch goes.
+// TestLivenessRoundsPollWatchedShims: a sweep calls a shim only until it
+// has a watch on its process; later sweeps ask the kernel. A watched shim
+// that dies is still found (by the full probe its exit triggers) and its
+// sandbox removed, and a torn-down sandbox's watch goes.
 func TestLivenessRoundsPollWatchedShims(t *testing.T) {
 	n := newTestNode(t)
 	c := n.start(t)
@@ -128,16 +242,16 @@ func TestLivenessRoundsPollWatchedShims(t *testing.T) {
 		}
 	}
 	before := c.probes.Load()
-	if reaped := c.reapDead(ctx); len(reaped) != 0 {
-		t.Fatalf("reaped %v", reaped)
+	if dead := c.sweepDead(ctx); len(dead) != 0 {
+		t.Fatalf("removed %v", dead)
 	}
 	if n := c.probes.Load() - before; n != 2 {
 		t.Fatalf("first round probed %d shims, want 2", n)
 	}
 	before = c.probes.Load()
 	for range 3 {
-		if reaped := c.reapDead(ctx); len(reaped) != 0 {
-			t.Fatalf("reaped %v", reaped)
+		if dead := c.sweepDead(ctx); len(dead) != 0 {
+			t.Fatalf("removed %v", dead)
 		}
 	}
 	if n := c.probes.Load() - before; n != 0 {
@@ -147,13 +261,13 @@ func TestLivenessRoundsPollWatchedShims(t *testing.T) {
 	killShim(t, c, "watch-b")
 	// Its pidfd turns readable once the last of its threads is gone, a
 	// moment after the process shows as a zombie: the next rounds find it.
-	var reaped []string
-	for deadline := time.Now().Add(5 * time.Second); len(reaped) == 0 && time.Now().Before(deadline); {
-		reaped = c.reapDead(ctx)
+	var dead []string
+	for deadline := time.Now().Add(5 * time.Second); len(dead) == 0 && time.Now().Before(deadline); {
+		dead = c.sweepDead(ctx)
 		time.Sleep(10 * time.Millisecond)
 	}
-	if len(reaped) != 1 || reaped[0] != "watch-b" {
-		t.Fatalf("reaped %v, want [watch-b]", reaped)
+	if len(dead) != 1 || dead[0] != "watch-b" {
+		t.Fatalf("removed %v, want [watch-b]", dead)
 	}
 	if err := c.KillSandbox(ctx, "watch-a"); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +22,15 @@ import (
 	"github.com/cube-dev/cube/internal/template"
 )
 
-// envdBinary is built once per test run from ./cmd/envd.
-var envdBinary string
+// testBins holds envd and cube-reaper, built on first use by a test that
+// runs sandboxes (only root tests do), so that pure unit tests run as any
+// user and a run of them alone builds nothing.
+var testBins struct {
+	once sync.Once
+	dir  string
+	envd string
+	err  error
+}
 
 func TestMain(m *testing.M) {
 	if code, ok := nsrt.Dispatch(os.Args[1:]); ok {
@@ -38,31 +46,53 @@ func TestMain(m *testing.M) {
 			os.Exit(crashPoolMain(os.Args[2:]))
 		}
 	}
-	if os.Geteuid() != 0 {
-		fmt.Println("cubelet tests need root (namespaces, nftables, cgroups); skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "cubelet-envd-")
-	if err != nil {
-		panic(err)
-	}
-	envdBinary = filepath.Join(dir, "envd")
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	// cube-reaper sits next to envd, as `make build` puts it: sandboxes
-	// get it as pid 1 (TestReaperIsPID1 covers the fallback without it).
-	for out, pkg := range map[string]string{envdBinary: "./cmd/envd", filepath.Join(dir, ReaperName): "./cmd/cube-reaper"} {
-		build := exec.Command("go", "build", "-o", out, pkg)
-		build.Dir = root
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", pkg, err, out)
-			os.Exit(1)
-		}
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if testBins.dir != "" {
+		os.RemoveAll(testBins.dir)
+	}
 	os.Exit(code)
+}
+
+// needRoot skips t unless it runs as root: a node makes network
+// namespaces, nftables tables and cgroups.
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, nftables tables and cgroups")
+	}
+}
+
+// envdBinary returns envd built from ./cmd/envd, with cube-reaper next to
+// it as `make build` puts it: sandboxes get it as pid 1 (TestReaperIsPID1
+// covers the fallback without it). It skips t unless root.
+func envdBinary(t testing.TB) string {
+	t.Helper()
+	needRoot(t)
+	testBins.once.Do(func() {
+		dir, err := os.MkdirTemp("", "cubelet-envd-")
+		if err != nil {
+			testBins.err = err
+			return
+		}
+		testBins.dir = dir
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		envd := filepath.Join(dir, "envd")
+		for out, pkg := range map[string]string{envd: "./cmd/envd", filepath.Join(dir, ReaperName): "./cmd/cube-reaper"} {
+			build := exec.Command("go", "build", "-o", out, pkg)
+			build.Dir = root
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				testBins.err = fmt.Errorf("build %s: %w\n%s", pkg, err, out)
+				return
+			}
+		}
+		testBins.envd = envd
+	})
+	if testBins.err != nil {
+		t.Fatal(testBins.err)
+	}
+	return testBins.envd
 }
 
 // node is one test node: its config plus the paths it uses.
@@ -75,6 +105,7 @@ type node struct {
 // test, and a busybox template called "tiny".
 func newTestNode(t *testing.T) *node {
 	t.Helper()
+	envd := envdBinary(t)
 	tmp := t.TempDir()
 	raw := make([]byte, 3)
 	rand.Read(raw)
@@ -95,7 +126,7 @@ func newTestNode(t *testing.T) *node {
 		cfg: Config{
 			StateDir:     filepath.Join(tmp, "node"),
 			Exe:          os.Args[0],
-			EnvdPath:     envdBinary,
+			EnvdPath:     envd,
 			EnvdVersion:  "0.0.0-test",
 			CgroupParent: "cube-test-" + tag,
 			// Pool tests run pre-started slots unless they turn it off.

@@ -11,10 +11,11 @@ import (
 // sandboxes whose supervisor died.
 const DefaultMaintainInterval = 15 * time.Second
 
-// maintain runs reapDead every interval until ctx ends. Orphan sweeping
-// stays a start-up (Reconcile) and operator (`cube node gc`) job: while the
-// cubelet serves, every kernel object it makes has a record first, so
-// nothing new can become an orphan without a crash.
+// maintain runs sweepDead, finishDeletes and refreshRuntime every
+// interval until ctx ends. Orphan sweeping stays a start-up (Reconcile)
+// and operator (`cube node gc`) job: while the cubelet serves, every
+// kernel object it makes has a record first, so nothing new can become an
+// orphan without a crash.
 func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -23,33 +24,33 @@ func (c *Cubelet) maintain(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			c.reapDead(ctx)
+			c.sweepDead(ctx)
 			c.finishDeletes(ctx)
 			c.refreshRuntime()
 		}
 	}
 }
 
-// reapDead tears down running sandboxes whose shim is gone (the sandbox
-// died or was killed from outside) and reports each through OnReaped, so
-// the control plane forgets it instead of listing a dead sandbox. It
-// returns the ids it reaped.
-func (c *Cubelet) reapDead(ctx context.Context) []string {
+// sweepDead tears down running sandboxes whose supervisor is gone (the
+// sandbox died or was killed from outside) and reports each through
+// OnDead, so the control plane forgets it instead of listing a dead
+// sandbox. It returns the ids it removed.
+func (c *Cubelet) sweepDead(ctx context.Context) []string {
 	recs, _ := c.store.List()
-	var reaped []string
+	var dead []string
 	for _, r := range recs {
-		// Only a shim known to be gone condemns a sandbox: a probe that
-		// timed out or was cancelled (the cubelet shutting down) proves
-		// nothing, and a sandbox must outlive its agent.
+		// Only a supervisor known to be gone condemns a sandbox (see
+		// liveness.go): a probe that timed out or was cancelled (the
+		// cubelet shutting down) proves nothing.
 		if ctx.Err() != nil {
-			return reaped
+			return dead
 		}
-		if r.State != nodestore.StateRunning || c.shimLiveness(ctx, r.Runtime()) != livenessDead {
+		if r.State != nodestore.StateRunning || keepRecord(r, c.livenessOf(ctx, r.Runtime())) {
 			continue
 		}
 		unlock := c.lock(r.ID)
 		cur, err := c.store.Get(r.ID)
-		if err != nil || cur.State != nodestore.StateRunning || c.shimLiveness(ctx, cur.Runtime()) != livenessDead || ctx.Err() != nil {
+		if err != nil || cur.State != nodestore.StateRunning || keepRecord(cur, c.livenessOf(ctx, cur.Runtime())) || ctx.Err() != nil {
 			unlock() // changed meanwhile (killed, or a false alarm)
 			continue
 		}
@@ -57,15 +58,15 @@ func (c *Cubelet) reapDead(ctx context.Context) []string {
 		err = c.teardown(ctx, cur)
 		unlock()
 		if err != nil {
-			c.log.Warn("reap dead sandbox", "sandbox", r.ID, "err", err)
+			c.log.Warn("remove dead sandbox", "sandbox", r.ID, "err", err)
 			continue
 		}
-		reaped = append(reaped, r.ID)
-		if c.cfg.OnReaped != nil {
-			c.cfg.OnReaped(r.ID)
+		dead = append(dead, r.ID)
+		if c.cfg.OnDead != nil {
+			c.cfg.OnDead(r.ID)
 		}
 	}
-	return reaped
+	return dead
 }
 
 // finishDeletes retries the teardown of sandboxes left "deleting" by a

@@ -13,48 +13,47 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
-	"github.com/cube-dev/cube/internal/failpoint"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
 )
 
-// The warm pool keeps pre-provisioned slots so a create skips the slowest
-// cold steps. A slot is an owner record (state "pooled", id "pool-<hex>")
-// owning an IP and a pinned netns with its veth in the dataplane, plus
-// either
+// The warm pool keeps slots: the create pipeline (pipeline.go) run ahead
+// of time, for no sandbox yet, so a create skips its slowest steps. A slot
+// is an owner record (state "pooled", id "pool-<hex>") owning an IP, a
+// pinned netns with its veth in the dataplane and the default egress
+// policy (slotEgress), plus either
 //
-//   - (plain slot) when disks are limited, a formatted disk image in
-//     <state>/pool/<id>.img, or
-//   - (pre-started slot, Config.PoolPrestart) a fully running sandbox of
-//     the pool template (Config.PoolTemplate, default CPU/memory/disk) whose
-//     envd listens but is unconfigured: it accepts only the slot's own
-//     access token and no host port is mapped to it. Its state dir, cgroup
-//     and shim carry the slot's id. The slot record's Template is set.
+//   - (plain slot, stage "disk") when disks are limited, a formatted disk
+//     image in its state dir, or
+//   - (pre-started slot, stage "launch", Config.PoolPrestart) a running
+//     sandbox of the pool template (Config.PoolTemplate, default
+//     CPU/memory/disk) whose envd listens but is unconfigured: it accepts
+//     only the slot's own access token and no host port is mapped to it.
 //
-// A create takes a slot: its record is replaced by the sandbox's in one
-// transaction and the endpoint is renamed to the sandbox (cubevs.Rename).
-// A pre-started slot is then personalised (take.go) and its runtime
-// objects keep the slot's name (the record's RuntimeID). An empty pool
-// never blocks a create: it takes the cold path. Slots are reconciled like
-// sandboxes (see reconcilePool).
-//
-// Slot steps, in order, each a failpoint "slot/<step>".
-var SlotSteps = []string{"after-record", "after-attach", "after-start"}
+// Every runtime object of a slot is named by the slot's id, and keeps that
+// name for life: a create takes a slot by replacing its record with the
+// sandbox's in one transaction (whose RuntimeID is the slot's id) and
+// resumes the pipeline after the slot's stage; nothing is renamed. The
+// stage is recorded in the slot's file (slotFile.Stage). An empty pool
+// never blocks a create: it runs the whole pipeline. Slots are reconciled
+// like sandboxes (see reconcilePool).
 
 // poolPrefix marks slot ids; sandbox ids never start with it (the master
 // generates [a-z0-9]{20}).
 const poolPrefix = "pool-"
 
 // poolDiskSizeMB is the disk size plain slots are pre-formatted for: the
-// template default. Sandboxes of other sizes format their own at start.
+// template default. A sandbox of another size runs the disk step again.
 const poolDiskSizeMB = template.DefaultDiskSizeMB
 
 // poolSlot is a ready slot as the pool keeps it in memory.
 type poolSlot struct {
 	rec nodestore.Sandbox
+	// stage is the last pipeline step the slot ran (stagePlain,
+	// stagePrestarted): a create resumes after it.
+	stage int
 	// digest is the template content a pre-started slot runs.
 	digest string
 	// token is the access token of a pre-started slot's unconfigured envd.
@@ -80,13 +79,18 @@ func (c *Cubelet) discardSlot(s poolSlot) {
 	c.kickPool()
 }
 
-func (s poolSlot) prestarted() bool { return s.rec.Template != "" }
+// prestarted reports whether the slot runs a sandbox already.
+func (s poolSlot) prestarted() bool { return s.stage >= stepLaunch }
 
-// slotFile is the copy of a slot's record kept in <state>/pool/<id>.json,
+// slotFile is the copy of a slot's record kept in <state>/pool/<id>.img.json,
 // written last: it marks the slot complete. It decodes as a
 // nodestore.Sandbox for operator tools.
 type slotFile struct {
 	nodestore.Sandbox
+	// Stage names the last pipeline step the slot ran. A file without
+	// one was written by an earlier version (whose plain slots kept their
+	// disk elsewhere and had no egress policy): such slots are recycled.
+	Stage          string `json:"stage,omitempty"`
 	TemplateDigest string `json:"templateDigest,omitempty"`
 	EnvdToken      string `json:"envdToken,omitempty"`
 	// Stamp is the runtime stamp the slot was made under; a cubelet of
@@ -125,8 +129,11 @@ func isSlot(id string) bool { return strings.HasPrefix(id, poolPrefix) }
 
 func (c *Cubelet) poolDir() string { return filepath.Join(c.cfg.StateDir, "pool") }
 
+// slotDisk is where an earlier version kept a plain slot's disk image;
+// removed with the slot (a slot's image is in its state dir now).
 func (c *Cubelet) slotDisk(id string) string { return filepath.Join(c.poolDir(), id+".img") }
 
+// slotFilePath is the slot's completion file (slotFile).
 func (c *Cubelet) slotFilePath(id string) string { return c.slotDisk(id) + ".json" }
 
 func (c *Cubelet) kickPool() {
@@ -261,109 +268,44 @@ func (c *Cubelet) refill(ctx context.Context) {
 	}
 }
 
-// makeSlot provisions one slot, recording it before any kernel object: a
-// pre-started one when configured and the pool template is available, else
-// a plain one.
-func (c *Cubelet) makeSlot(ctx context.Context) (s poolSlot, err error) {
+// makeSlot provisions one slot: the pipeline up to stagePrestarted when
+// configured and the pool template is available, else up to stagePlain,
+// then the slot file that marks it complete. A failure undoes it all.
+func (c *Cubelet) makeSlot(ctx context.Context) (poolSlot, error) {
 	var tmpl template.Template
 	if c.cfg.PoolPrestart {
+		var err error
 		tmpl, err = c.template(ctx, c.poolTemplate())
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			return s, err
+			return poolSlot{}, err
 		}
 		if err != nil {
 			c.log.Warn("warm pool: pool template missing; making a plain slot", "template", c.poolTemplate(), "err", err)
 		}
 	}
-	b := make([]byte, 6)
-	rand.Read(b)
-	s.rec = nodestore.Sandbox{ID: poolPrefix + hex.EncodeToString(b), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}
-	s.stamp = c.stamp()
+	stamp := c.stamp() // before: binaries replaced meanwhile make the slot stale
+	b := &build{c: c, kind: "slot", ahead: true, tmpl: tmpl,
+		rec: nodestore.Sandbox{ID: poolPrefix + randomHex(6), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}}
+	stage := stagePlain
 	if tmpl.Name != "" {
-		s.rec.Template, s.digest = tmpl.Name, tmpl.Digest
-		s.rec.CPUCount, s.rec.MemoryMB, s.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
-		s.rec.EnvdVersion = c.cfg.EnvdVersion
-		s.token = randomHex(32) // may become the sandbox's envd token (see personalise)
+		stage = stagePrestarted
+		b.rec.Template = tmpl.Name
+		b.rec.CPUCount, b.rec.MemoryMB, b.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
+		b.rec.EnvdVersion = c.cfg.EnvdVersion
+		b.token = randomHex(32) // may become the sandbox's envd token (see personalise)
+	} else {
+		b.rec.DiskSizeMB = poolDiskSizeMB
 	}
-	c.mu.Lock()
-	ips, _ := c.takenWith(nil) // IPs only: kernel mappings hold ports
-	s.rec.IP, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
-	if err == nil {
-		err = c.store.Put(s.rec)
+	if err := b.run(ctx, stage); err != nil {
+		return poolSlot{}, err
 	}
-	c.mu.Unlock()
-	if err != nil {
-		return s, err
+	s := poolSlot{rec: b.rec, stage: stage, digest: tmpl.Digest, token: b.token,
+		initPID: b.initPID, initNS: netnsOf(b.initPID), shim: b.shim, stamp: stamp}
+	if err := c.writeSlotFile(s); err != nil {
+		b.undo(ctx)
+		return poolSlot{}, err
 	}
-	defer func() {
-		if err != nil {
-			c.dropSlot(context.WithoutCancel(ctx), s.rec)
-		}
-	}()
-	if err := failpoint.Hit("slot/after-record"); err != nil {
-		return s, err
-	}
-	ep, err := c.dp.Attach(ctx, s.rec.ID, s.rec.IP)
-	if err != nil {
-		return s, err
-	}
-	if err := failpoint.Hit("slot/after-attach"); err != nil {
-		return s, err
-	}
-	if s.prestarted() {
-		// A pre-started slot keeps its endpoint's name for life (the
-		// sandbox's record names it as RuntimeID) and gets the default
-		// egress policy now, so a default create changes neither.
-		if err = c.dp.SetEgress(ctx, s.rec.ID, s.rec.IP, slotEgress); err != nil {
-			return s, err
-		}
-		s.initPID, s.shim, err = c.startSlot(ctx, s, tmpl, ep.NetNSPath)
-		s.initNS = netnsOf(s.initPID)
-	} else if !c.cfg.NoDiskLimit {
-		if err = os.MkdirAll(c.poolDir(), 0o700); err == nil {
-			err = nsrt.MakeDisk(c.slotDisk(s.rec.ID), poolDiskSizeMB)
-		}
-	}
-	if err != nil {
-		return s, err
-	}
-	if err := failpoint.Hit("slot/after-start"); err != nil {
-		return s, err
-	}
-	return s, c.writeSlotFile(s)
-}
-
-// slotEgress is the egress policy of a pre-started slot: a create's
-// default (internet, no allow/deny lists).
-var slotEgress = cubevs.EgressPolicy{AllowInternet: true}
-
-// startSlot starts a pre-started slot's sandbox: the pool template with
-// its default resources, envd protected by the slot's own token.
-func (c *Cubelet) startSlot(ctx context.Context, s poolSlot, tmpl template.Template, netnsPath string) (initPID int, shim procID, err error) {
-	spec, err := c.runtimeSpec(s.rec, s.token, nil, tmpl.RootfsPath, netnsPath)
-	if err != nil {
-		return 0, procID{}, err
-	}
-	sb, err := c.startSandbox(ctx, spec)
-	if err != nil {
-		return 0, procID{}, err
-	}
-	defer sb.Close()
-	return sb.InitPID(), procOf(sb.ShimPID()), nil
-}
-
-// slotProcs returns the init pid and shim of a pre-started slot whose
-// sandbox runs, or zeros.
-func (c *Cubelet) slotProcs(ctx context.Context, id string) (int, procID) {
-	sb, err := nsrt.Attach(ctx, c.sandboxDir(id))
-	if err != nil {
-		return 0, procID{}
-	}
-	defer sb.Close()
-	if st, err := sb.State(ctx); err != nil || !st.Running {
-		return 0, procID{}
-	}
-	return sb.InitPID(), procOf(sb.ShimPID())
+	return s, nil
 }
 
 func (c *Cubelet) poolTemplate() string {
@@ -395,7 +337,8 @@ func (c *Cubelet) writeSlotFile(s poolSlot) error {
 	if err := os.MkdirAll(c.poolDir(), 0o700); err != nil {
 		return err
 	}
-	data, err := json.Marshal(slotFile{Sandbox: s.rec, TemplateDigest: s.digest, EnvdToken: s.token, Stamp: s.stamp})
+	data, err := json.Marshal(slotFile{Sandbox: s.rec, Stage: createSteps[s.stage].name,
+		TemplateDigest: s.digest, EnvdToken: s.token, Stamp: s.stamp})
 	if err != nil {
 		return err
 	}
@@ -441,20 +384,22 @@ func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, 
 		// started).
 		f, doneErr := c.readSlotFile(rec.ID)
 		ok := endpoints[rec.ID] && doneErr == nil && f.ID == rec.ID
-		if cur := c.stamp(); ok && cur != "" && f.Stamp != cur {
-			c.log.Info("warm pool: slot made by another runtime; replacing it", "slot", rec.ID, "stamp", f.Stamp, "current", cur)
+		stage, staged := slotStage(f.Stage)
+		if cur := c.stamp(); ok && (!staged || cur != "" && f.Stamp != cur) {
+			c.log.Info("warm pool: slot made by another runtime; replacing it", "slot", rec.ID, "stamp", f.Stamp,
+				"stage", f.Stage, "current", cur)
 			recycled = append(recycled, rec.ID)
 			ok = false
 		}
 		var pid int
 		var shim procID
-		if ok && rec.Template != "" {
+		if ok && stage >= stepLaunch {
 			pid, shim = c.slotProcs(ctx, rec.ID)
 			ok = f.EnvdToken != "" && pid > 0
 		}
 		if ok {
 			c.pool.mu.Lock()
-			c.pool.ready = append(c.pool.ready, poolSlot{rec: rec, digest: f.TemplateDigest, token: f.EnvdToken,
+			c.pool.ready = append(c.pool.ready, poolSlot{rec: rec, stage: stage, digest: f.TemplateDigest, token: f.EnvdToken,
 				initPID: pid, initNS: netnsOf(pid), shim: shim, stamp: f.Stamp})
 			c.pool.mu.Unlock()
 			kept++
@@ -487,14 +432,6 @@ func (c *Cubelet) recyclePool(stamp string) int {
 		c.kickPool()
 	}
 	return n
-}
-
-// preparedDisk names a plain slot's image for a sandbox of that disk size.
-func (c *Cubelet) preparedDisk(slot nodestore.Sandbox, diskSizeMB int) string {
-	if slot.ID == "" || diskSizeMB != poolDiskSizeMB || c.cfg.NoDiskLimit {
-		return ""
-	}
-	return c.slotDisk(slot.ID)
 }
 
 func (c *Cubelet) isReady(id string) bool {

@@ -15,9 +15,11 @@ import (
 func TestTakeSlotChoice(t *testing.T) {
 	base := template.Template{Name: "base", Digest: "sha256:new", DiskSizeMB: 1024}
 	pre := func(id, tmpl, digest string, disk int) poolSlot {
-		return poolSlot{rec: nodestore.Sandbox{ID: id, Template: tmpl, DiskSizeMB: disk}, digest: digest}
+		return poolSlot{rec: nodestore.Sandbox{ID: id, Template: tmpl, DiskSizeMB: disk}, stage: stagePrestarted, digest: digest}
 	}
-	plain := poolSlot{rec: nodestore.Sandbox{ID: "pool-plain"}}
+	// A plain slot is told by its stage, not by its record: one that names
+	// a template is still plain.
+	plain := poolSlot{rec: nodestore.Sandbox{ID: "pool-plain", Template: "base", DiskSizeMB: poolDiskSizeMB}, stage: stagePlain}
 	for _, tc := range []struct {
 		name      string
 		ready     []poolSlot

@@ -17,7 +17,7 @@ import (
 // not; either way envd serves and the sandbox is torn down cleanly.
 func TestReaperIsPID1(t *testing.T) {
 	lone := filepath.Join(t.TempDir(), "envd")
-	b, err := os.ReadFile(envdBinary)
+	b, err := os.ReadFile(envdBinary(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,8 +29,8 @@ func TestReaperIsPID1(t *testing.T) {
 		userns     nsrt.UserNSMode
 		want       string
 	}{
-		{"reaper", envdBinary, nsrt.UserNSOff, "reaper"},
-		{"reaper-userns", envdBinary, nsrt.UserNSAuto, "reaper"},
+		{"reaper", envdBinary(t), nsrt.UserNSOff, "reaper"},
+		{"reaper-userns", envdBinary(t), nsrt.UserNSAuto, "reaper"},
 		{"envd-fallback", lone, nsrt.UserNSOff, "envd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

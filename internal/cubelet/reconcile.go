@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
@@ -20,7 +19,7 @@ import (
 type ReconcileReport struct {
 	Adopted   []string      // live sandboxes kept
 	Rebuilt   []string      // live sandboxes whose lost record was rebuilt from the state dir
-	Reaped    []string      // recorded sandboxes that were dead or half-made, removed
+	Dead      []string      // recorded sandboxes that were dead or half-made, removed
 	Repaired  int           // missing mappings re-added for live sandboxes
 	Orphans   []string      // kernel objects or state nobody owned, removed
 	Bad       []string      // unreadable records, left for an operator
@@ -36,7 +35,10 @@ const recordFile = "record.json"
 // Reconcile makes the node's kernel state and records agree: live sandboxes
 // are re-adopted (a missing mapping is repaired), dead or half-created ones
 // are torn down, and kernel objects with no live owner are removed. It runs
-// before the cubelet serves and may run periodically; it is idempotent.
+// once before the cubelet serves (New) and in the offline `cube node gc`
+// and cleanup (GC, Cleanup), never beside creates and kills: while the
+// cubelet serves, maintain does the part that can change (dead sandboxes,
+// unfinished deletes). It is idempotent.
 func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	start := time.Now()
 	st := newStepTimer()
@@ -89,7 +91,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			delete(owners, s.ID)
 		}
 	}
-	live := c.probeShims(ctx, owners)
+	live := c.livenessOfRunning(ctx, owners)
 	st.mark("probe")
 	for id, r := range owners {
 		if r.State == nodestore.StatePooled {
@@ -97,20 +99,19 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		if r.State == nodestore.StateRunning && live[id] == livenessUnknown {
 			// A shim that does not answer (overloaded, stopped) still holds
-			// a sandbox: keep it; the liveness check of the running
-			// cubelet tries again.
+			// a sandbox: keep it; the sweep of the running cubelet
+			// (maintain) tries again.
 			c.log.Warn("shim did not answer; keeping the sandbox", "sandbox", id)
 		}
-		alive := r.State == nodestore.StateRunning && live[id] != livenessDead
-		if !alive {
+		if !keepRecord(r, live[id]) {
 			unlock := c.lock(id)
 			err := c.teardown(ctx, r)
 			unlock()
 			if err != nil {
-				c.log.Warn("reap sandbox", "sandbox", id, "err", err)
+				c.log.Warn("remove dead sandbox", "sandbox", id, "err", err)
 			}
 			delete(owners, id)
-			rep.Reaped = append(rep.Reaped, id)
+			rep.Dead = append(rep.Dead, id)
 			continue
 		}
 		rep.Adopted = append(rep.Adopted, id)
@@ -127,7 +128,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	c.noteStrayPorts(ctx)
 	st.mark("ports")
 	rep.Duration = time.Since(start)
-	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "reaped", len(rep.Reaped),
+	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "dead", len(rep.Dead),
 		"repaired", rep.Repaired, "recycled", len(rep.Recycled), "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration}, st.attrs()...)...)
 	return rep, nil
 }
@@ -158,27 +159,6 @@ func (c *Cubelet) noteStrayPorts(ctx context.Context) {
 		}
 	}
 	c.reconciled = true
-}
-
-// shimAlive reports whether the shim of the runtime called name answers and
-// its sandbox runs.
-func (c *Cubelet) shimAlive(ctx context.Context, name string) bool {
-	return shimAliveIn(ctx, c.sandboxDir(name))
-}
-
-// shimLiveness probes the shim of the runtime called name: a watched shim
-// that has not exited is alive without a call (see shimWatches); otherwise
-// the shim is asked, and watched from then on when it answers.
-func (c *Cubelet) shimLiveness(ctx context.Context, name string) liveness {
-	if c.watches.alive(name) {
-		return livenessAlive
-	}
-	c.probes.Add(1)
-	l, watch := probeLivenessWatch(ctx, c.sandboxDir(name))
-	if watch != nil {
-		c.watches.put(name, watch)
-	}
-	return l
 }
 
 // runtimeNames is the set of runtime names (state dirs, cgroups) owned by
@@ -221,7 +201,8 @@ func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, curre
 // sweepOrphans removes kernel objects and state dirs whose owner is not live.
 func (c *Cubelet) sweepOrphans(ctx context.Context, owners map[string]nodestore.Sandbox, mappings []cubevs.Mapping) []string {
 	// Dataplane objects (mappings, endpoints, egress chains) are owned by a
-	// record's runtime name: its id, or the pre-started slot it came from.
+	// record's runtime name (Runtime(): its id for a cold create, the slot's
+	// for a sandbox made from a pool slot).
 	byRuntime := make(map[string]nodestore.Sandbox, len(owners))
 	for _, r := range owners {
 		byRuntime[r.Runtime()] = r
@@ -306,7 +287,7 @@ func (c *Cubelet) rebuildRecord(ctx context.Context, name string) (nodestore.San
 		return nodestore.Sandbox{}, false
 	}
 	var r nodestore.Sandbox
-	if err := json.Unmarshal(data, &r); err != nil || !validID(r.ID) || r.Runtime() != name || c.shimLiveness(ctx, name) == livenessDead {
+	if err := json.Unmarshal(data, &r); err != nil || !validID(r.ID) || r.Runtime() != name || c.livenessOf(ctx, name) == livenessDead {
 		return nodestore.Sandbox{}, false
 	}
 	return r, true
@@ -336,35 +317,4 @@ func (c *Cubelet) putRecord(r nodestore.Sandbox) error {
 		return c.writeRecordFile(r)
 	}
 	return nil
-}
-
-// probeShims asks every running sandbox's shim whether it is alive, a few
-// at a time (each probe is a unix-socket round trip), so a restart with
-// hundreds of sandboxes is not serialised on them.
-func (c *Cubelet) probeShims(ctx context.Context, owners map[string]nodestore.Sandbox) map[string]liveness {
-	const workers = 16
-	ids := make(chan string)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	live := map[string]liveness{}
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := range ids {
-				l := c.shimLiveness(ctx, owners[id].Runtime())
-				mu.Lock()
-				live[id] = l
-				mu.Unlock()
-			}
-		}()
-	}
-	for id, r := range owners {
-		if r.State == nodestore.StateRunning {
-			ids <- id
-		}
-	}
-	close(ids)
-	wg.Wait()
-	return live
 }

@@ -121,7 +121,7 @@ func benchNode(b *testing.B) (Config, *template.Registry) {
 	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.12/30", octet))
 	net.PortMin, net.PortMax = 42000, 42999
 	cfg := Config{
-		StateDir: filepath.Join(tmp, "node"), Exe: os.Args[0], EnvdPath: envdBinary, EnvdVersion: "0.0.0-bench",
+		StateDir: filepath.Join(tmp, "node"), Exe: os.Args[0], EnvdPath: envdBinary(b), EnvdVersion: "0.0.0-bench",
 		CgroupParent: "cube-bench-" + tag, Network: net,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}

@@ -275,16 +275,9 @@ func (c *Cubelet) refreshRuntime() {
 }
 
 // startSandbox starts spec's sandbox through a shim, in the shims' mount
-// namespace.
+// namespace. The disk step has made spec's disk already (with the tools
+// the cubelet ships with, not the host's mkfs.ext4 a shim on the host
+// would find).
 func (c *Cubelet) startSandbox(ctx context.Context, spec nsrt.Spec) (*nsrt.Sandbox, error) {
-	if c.shimNS != nil && spec.DiskSizeMB > 0 && spec.PreparedDisk == "" {
-		// A shim on the host would format the disk with the host's
-		// mkfs.ext4; format it here, with the tools the cubelet ships with.
-		img := nsrt.DiskImagePath(spec.StateDir)
-		if err := nsrt.MakeDisk(img, spec.DiskSizeMB); err != nil {
-			return nil, err
-		}
-		spec.PreparedDisk = img
-	}
 	return nsrt.StartIn(ctx, c.shimNS, c.shimExe, spec)
 }

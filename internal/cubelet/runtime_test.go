@@ -139,8 +139,8 @@ func sameSlots(a, b []poolSlot) bool {
 func TestReplacedBinaryRecyclesPoolSlots(t *testing.T) {
 	n := newTestNode(t)
 	dir := t.TempDir()
-	n.cfg.EnvdPath = copyFile(t, envdBinary, filepath.Join(dir, "envd"))
-	copyFile(t, filepath.Join(filepath.Dir(envdBinary), ReaperName), filepath.Join(dir, ReaperName))
+	n.cfg.EnvdPath = copyFile(t, envdBinary(t), filepath.Join(dir, "envd"))
+	copyFile(t, filepath.Join(filepath.Dir(envdBinary(t)), ReaperName), filepath.Join(dir, ReaperName))
 	n.cfg.PoolSize = 1
 	c := n.start(t)
 	waitPool(t, c, 1)
@@ -151,7 +151,7 @@ func TestReplacedBinaryRecyclesPoolSlots(t *testing.T) {
 		t.Fatal("refresh without a change recycled the pool")
 	}
 	// Replace it the way the installer does: a new file renamed into place.
-	tmp := copyFile(t, envdBinary, filepath.Join(dir, ".envd.new"))
+	tmp := copyFile(t, envdBinary(t), filepath.Join(dir, ".envd.new"))
 	if err := os.Rename(tmp, n.cfg.EnvdPath); err != nil {
 		t.Fatal(err)
 	}
@@ -263,8 +263,8 @@ func shareDir(t *testing.T, dir string) func() {
 func TestShimsStartInHostMountNS(t *testing.T) {
 	n := newTestNode(t)
 	arts := t.TempDir()
-	n.cfg.EnvdPath = copyFile(t, envdBinary, filepath.Join(arts, "envd"))
-	reaper := copyFile(t, filepath.Join(filepath.Dir(envdBinary), ReaperName), filepath.Join(arts, ReaperName))
+	n.cfg.EnvdPath = copyFile(t, envdBinary(t), filepath.Join(arts, "envd"))
+	reaper := copyFile(t, filepath.Join(filepath.Dir(envdBinary(t)), ReaperName), filepath.Join(arts, ReaperName))
 	unshare := shareDir(t, n.cfg.Network.RunDir)
 	// Runs after the cubelet's Close and the host stand-in's end (both
 	// registered later), before newTestNode's own cleanup.

@@ -119,8 +119,12 @@ func (d *Dataplane) Config() Config { return d.cfg }
 // DialAddr returns the transit address at which the host reaches a mapped
 // host port without going through the host's DNAT ("transitPeer:hostPort").
 func (d *Dataplane) DialAddr(hostPort uint16) string {
-	return netip.AddrPortFrom(d.cfg.transitPeer(), hostPort).String()
+	return netip.AddrPortFrom(d.DialHost(), hostPort).String()
 }
+
+// DialHost is the address at which this node's host ports are dialled from
+// the host netns (the dataplane's end of the transit link).
+func (d *Dataplane) DialHost() netip.Addr { return d.cfg.transitPeer() }
 
 // Close releases the handles. Kernel state stays; use Destroy to remove it.
 func (d *Dataplane) Close() error {

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 )
 
 // EgressPolicy is what a sandbox may open connections to (E2B semantics:
@@ -22,16 +22,10 @@ import (
 // ranges (10/8, 172.16/12, 192.168/16, 100.64/10) are denied unless listed
 // in AllowOut. With AllowInternet, DNS (udp/tcp 53) to the resolvers in
 // ResolvConf is allowed even when they are private or host addresses.
-type EgressPolicy struct {
-	AllowInternet bool
-	AllowOut      []netip.Prefix
-	DenyOut       []netip.Prefix
-}
-
-// Equal reports whether p and q install the same rules.
-func (p EgressPolicy) Equal(q EgressPolicy) bool {
-	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) && slices.Equal(p.DenyOut, q.DenyOut)
-}
+//
+// The type is the node protocol's (nodeproto): the control plane states the
+// policy, this package enforces it.
+type EgressPolicy = nodeproto.EgressPolicy
 
 var (
 	privateRanges = []netip.Prefix{

@@ -2,7 +2,7 @@
 // create and destroy. It is off unless the CUBE_FAILPOINTS environment
 // variable is set (never in production):
 //
-//	CUBE_FAILPOINTS="create/after-attach=kill,destroy/after-kill=error"
+//	CUBE_FAILPOINTS="create/after-network=kill,destroy/after-kill=error"
 //
 // Actions: "kill" sends SIGKILL to the current process (a crash with no
 // cleanup), "error" makes Hit return an error.

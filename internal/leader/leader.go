@@ -1,5 +1,5 @@
 // Package leader picks one leader among server replicas for the background
-// loops that must run exactly once per cluster (TTL reaper, node health).
+// loops that must run exactly once per cluster (TTL expiry, node health).
 //
 // An Elector grants leadership; Run runs a function only while this replica
 // holds it and cancels the function's context the moment it is lost. Two

@@ -9,8 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -73,7 +73,7 @@ func (m *Master) Create(ctx context.Context, p CreateParams) (store.Sandbox, err
 		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
 	}
 	allowInternet := p.AllowInternetAccess == nil || *p.AllowInternetAccess
-	live, err := m.node.CreateSandbox(ctx, cubelet.CreateRequest{
+	live, err := m.node.CreateSandbox(ctx, nodeproto.CreateRequest{
 		SandboxID: id, Template: tpl.Name, EnvVars: p.EnvVars, EnvdAccessToken: token, AllowInternet: allowInternet,
 		NodeMayChooseToken: true,
 	})
@@ -97,7 +97,7 @@ func (m *Master) Create(ctx context.Context, p CreateParams) (store.Sandbox, err
 }
 
 // recordCreated applies the network policy (if any) and persists the record.
-func (m *Master) recordCreated(ctx context.Context, p CreateParams, tpl TemplateInfo, live cubelet.Sandbox,
+func (m *Master) recordCreated(ctx context.Context, p CreateParams, tpl TemplateInfo, live nodeproto.Sandbox,
 	id, token string, timeout time.Duration, updater NetworkUpdater, allowInternet bool) (store.Sandbox, error) {
 	if p.Network.hasEgressRules() {
 		if err := updater.UpdateNetwork(ctx, id, NetworkPolicy{AllowInternet: allowInternet, Network: *p.Network}); err != nil {
@@ -210,7 +210,7 @@ func validateMap(what string, m map[string]string, env bool) error {
 
 // nodeIDOf is the node a new sandbox landed on: the scheduler's choice, else
 // the single node's configured id.
-func nodeIDOf(live cubelet.Sandbox, def string) string {
+func nodeIDOf(live nodeproto.Sandbox, def string) string {
 	if live.NodeID != "" {
 		return live.NodeID
 	}

@@ -94,7 +94,7 @@ func waitKilled(t *testing.T, bound time.Duration, id string, rs ...*replica) (*
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("sandbox %s not reaped within %v", id, bound)
+	t.Fatalf("sandbox %s not expired within %v", id, bound)
 	return nil, time.Time{}
 }
 
@@ -107,7 +107,7 @@ func waitForgotten(t *testing.T, r *replica, id string) {
 			return
 		}
 	}
-	t.Fatalf("reaped sandbox %s still recorded: %v", id, err)
+	t.Fatalf("expired sandbox %s still recorded: %v", id, err)
 }
 
 func TestTwoMastersShareOnePostgreSQL(t *testing.T) {
@@ -147,7 +147,7 @@ func TestTwoMastersShareOnePostgreSQL(t *testing.T) {
 	}
 
 	// Short-lived sandboxes through both: exactly one replica (the leader)
-	// reaps all of them.
+	// expires all of them.
 	var short []string
 	for i := range 6 {
 		r := []*replica{a, b}[i%2]
@@ -164,9 +164,9 @@ func TestTwoMastersShareOnePostgreSQL(t *testing.T) {
 			lead = r
 		}
 		if r != lead {
-			t.Fatalf("both replicas reaped: %s by %s, earlier ones by %s", id, r.name, lead.name)
+			t.Fatalf("both replicas expired sandboxes: %s by %s, earlier ones by %s", id, r.name, lead.name)
 		}
-		// The reaper deletes the record once the node's kill has returned:
+		// The expiry loop deletes the record once the node's kill has returned:
 		// right after the node saw the kill it may still be there.
 		waitForgotten(t, b, id)
 	}
@@ -174,10 +174,10 @@ func TestTwoMastersShareOnePostgreSQL(t *testing.T) {
 	if n := len(follower.node.kills()); n != 0 {
 		t.Fatalf("follower %s killed %d sandboxes", follower.name, n)
 	}
-	t.Logf("%s leads the reaper", lead.name)
+	t.Logf("%s leads the expiry loop", lead.name)
 
 	// A sandbox that expires right after the leader stops: the follower must
-	// take over and reap it within the bound.
+	// take over and expire it within the bound.
 	late, err := follower.m.Create(ctx, CreateParams{TemplateID: "base", Timeout: dur(time.Second)})
 	if err != nil {
 		t.Fatal(err)
@@ -186,11 +186,11 @@ func TestTwoMastersShareOnePostgreSQL(t *testing.T) {
 	stopped := time.Now()
 	r, at := waitKilled(t, handoverBound+time.Second, late.ID, a, b)
 	if r != follower {
-		t.Fatalf("sandbox %s reaped by %s after it stopped", late.ID, r.name)
+		t.Fatalf("sandbox %s expired by %s after it stopped", late.ID, r.name)
 	}
 	// The sandbox expired 1 s after creation; measure from the later of
 	// that and the leader's stop.
-	t.Logf("leader %s stopped; %s reaped an expired sandbox %v later", lead.name, follower.name, at.Sub(stopped))
+	t.Logf("leader %s stopped; %s killed an expired sandbox %v later", lead.name, follower.name, at.Sub(stopped))
 	if took := at.Sub(stopped); took > handoverBound {
 		t.Fatalf("handover took %v, want <= %v", took, handoverBound)
 	}

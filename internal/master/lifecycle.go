@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -154,13 +154,13 @@ func (m *Master) pauseLocked(ctx context.Context, sb store.Sandbox) error {
 }
 
 // Metrics returns the sandbox's current resource usage.
-func (m *Master) Metrics(ctx context.Context, id string) (cubelet.Metrics, error) {
+func (m *Master) Metrics(ctx context.Context, id string) (nodeproto.Metrics, error) {
 	if _, err := m.store.GetSandbox(ctx, id); err != nil {
-		return cubelet.Metrics{}, fmt.Errorf("metrics: %w", err)
+		return nodeproto.Metrics{}, fmt.Errorf("metrics: %w", err)
 	}
 	mt, err := m.node.SandboxMetrics(ctx, id)
 	if err != nil {
-		return cubelet.Metrics{}, fmt.Errorf("metrics of sandbox %s: %w", id, err)
+		return nodeproto.Metrics{}, fmt.Errorf("metrics of sandbox %s: %w", id, err)
 	}
 	if mt.Timestamp.IsZero() {
 		mt.Timestamp = time.Now()

@@ -1,6 +1,6 @@
 // Package master is cubemaster: the sandbox lifecycle on the control plane.
 // It validates requests, asks a node to create/kill/pause sandboxes, keeps
-// the records in the store and runs the TTL reaper.
+// the records in the store and runs the expiry loop (end of a sandbox's timeout).
 package master
 
 import (
@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/leader"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -28,12 +28,12 @@ type TemplateInfo struct {
 // Node is what the master needs from the node that runs sandboxes.
 type Node interface {
 	// CreateSandbox returns once envd inside the sandbox answers.
-	CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error)
+	CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error)
 	// KillSandbox returns errdefs.ErrNotFound for an unknown sandbox.
 	KillSandbox(ctx context.Context, id string) error
 	// SandboxAddr returns the "ip:port" the proxy dials for a guest port.
 	SandboxAddr(ctx context.Context, id string, port uint16) (string, error)
-	SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error)
+	SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error)
 	// PauseSandbox freezes the sandbox (cgroup freezer); ResumeSandbox thaws it.
 	PauseSandbox(ctx context.Context, id string) error
 	ResumeSandbox(ctx context.Context, id string) error
@@ -74,11 +74,11 @@ type Config struct {
 	Logger         *slog.Logger
 	// NodeID is recorded on each sandbox (single-node today).
 	NodeID string
-	// Elector decides whether this replica runs the TTL reaper. Several
+	// Elector decides whether this replica runs the expiry loop. Several
 	// replicas sharing one PostgreSQL store set a leader.Postgres elector so
-	// only the leader reaps; nil means always (one replica, SQLite). With an
-	// elector the reaper also re-reads the store at least every
-	// sharedReapPoll, since other replicas change end times it is not told of.
+	// only the leader expires sandboxes; nil means always (one replica, SQLite). With an
+	// elector the expiry loop also re-reads the store at least every
+	// sharedExpiryPoll, since other replicas change end times it is not told of.
 	Elector leader.Elector
 }
 
@@ -97,8 +97,8 @@ type Master struct {
 	gone   []func(id string)
 }
 
-// New returns a Master and starts its TTL reaper; stop it with Shutdown.
-// Call Restore once at start-up so sandboxes from a previous run are reaped.
+// New returns a Master and starts its expiry loop; stop it with Shutdown.
+// Call Restore once at start-up so sandboxes from a previous run expire.
 func New(s Store, node Node, cfg Config) *Master {
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = DefaultTimeout
@@ -111,7 +111,7 @@ func New(s Store, node Node, cfg Config) *Master {
 		store: s, node: node, cfg: cfg, log: cfg.Logger.With("component", "cubemaster"),
 		kick: make(chan struct{}, 1), stop: cancel, done: make(chan struct{}),
 	}
-	go m.runReaper(ctx)
+	go m.runExpiry(ctx)
 	return m
 }
 
@@ -136,8 +136,8 @@ func (m *Master) notifyGone(id string) {
 	}
 }
 
-// Restore arms the reaper from the store at start-up and reports how many
-// sandboxes are known. Expired ones are handled right away by the reaper.
+// Restore arms the expiry loop from the store at start-up and reports how many
+// sandboxes are known. Expired ones are handled right away by the expiry loop.
 func (m *Master) Restore(ctx context.Context) error {
 	all, err := m.store.AllSandboxes(ctx)
 	if err != nil {
@@ -154,7 +154,7 @@ func (m *Master) Restore(ctx context.Context) error {
 	return nil
 }
 
-// Shutdown stops the reaper (waiting at most until ctx is done) and, when
+// Shutdown stops the expiry loop (waiting at most until ctx is done) and, when
 // killSandboxes is set, kills every known sandbox, running or paused. Errors
 // of individual kills are joined.
 func (m *Master) Shutdown(ctx context.Context, killSandboxes bool) error {
@@ -162,7 +162,7 @@ func (m *Master) Shutdown(ctx context.Context, killSandboxes bool) error {
 	select {
 	case <-m.done:
 	case <-ctx.Done():
-		return fmt.Errorf("shutdown: waiting for the reaper: %w", ctx.Err())
+		return fmt.Errorf("shutdown: waiting for the expiry loop: %w", ctx.Err())
 	}
 	if !killSandboxes {
 		return nil
@@ -180,7 +180,7 @@ func (m *Master) Shutdown(ctx context.Context, killSandboxes bool) error {
 	return errors.Join(errs...)
 }
 
-// rearm wakes the reaper so it recomputes its timer from the store.
+// rearm wakes the expiry loop so it recomputes its timer from the store.
 func (m *Master) rearm() {
 	select {
 	case m.kick <- struct{}{}:

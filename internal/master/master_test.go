@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -36,14 +36,14 @@ func newFakeNode() *fakeNode {
 	return &fakeNode{live: map[string]string{}, network: map[string]NetworkPolicy{}}
 }
 
-func (n *fakeNode) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
+func (n *fakeNode) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.createErr != nil {
-		return cubelet.Sandbox{}, n.createErr
+		return nodeproto.Sandbox{}, n.createErr
 	}
 	n.live[req.SandboxID] = "running"
-	sb := cubelet.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
+	sb := nodeproto.Sandbox{ID: req.SandboxID, Template: req.Template, IP: netip.MustParseAddr("127.0.0.1"),
 		EnvdVersion: "0.2.0", StartedAt: time.Now()}
 	if req.NodeMayChooseToken && n.nodeToken != "" {
 		sb.EnvdAccessToken = n.nodeToken
@@ -75,8 +75,8 @@ func (n *fakeNode) SandboxAddr(ctx context.Context, id string, port uint16) (str
 	return fmt.Sprintf("127.0.0.1:%d", port), nil
 }
 
-func (n *fakeNode) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
-	return cubelet.Metrics{CPUCount: 2, MemUsed: 42}, nil
+func (n *fakeNode) SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error) {
+	return nodeproto.Metrics{CPUCount: 2, MemUsed: 42}, nil
 }
 
 func (n *fakeNode) PauseSandbox(ctx context.Context, id string) error {
@@ -233,7 +233,7 @@ func TestCreateRecordsTheNodesToken(t *testing.T) {
 	}
 }
 
-func TestReaperKillsAtShortenedEnd(t *testing.T) {
+func TestExpiryKillsAtShortenedEnd(t *testing.T) {
 	node := newFakeNode()
 	m, st := newTestMaster(t, node)
 	ctx := context.Background()
@@ -249,7 +249,7 @@ func TestReaperKillsAtShortenedEnd(t *testing.T) {
 	if err := m.SetTimeout(ctx, sb.ID, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "reaper kill", func() bool { return node.state(sb.ID) == "" })
+	waitFor(t, "expiry kill", func() bool { return node.state(sb.ID) == "" })
 	if el := time.Since(start); el < 250*time.Millisecond {
 		t.Fatalf("killed too early: %v", el)
 	}
@@ -260,7 +260,7 @@ func TestReaperKillsAtShortenedEnd(t *testing.T) {
 		return errors.Is(err, errdefs.ErrNotFound)
 	})
 	if node.state(keep.ID) != "running" {
-		t.Fatal("reaper killed the wrong sandbox")
+		t.Fatal("expiry killed the wrong sandbox")
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -269,7 +269,7 @@ func TestReaperKillsAtShortenedEnd(t *testing.T) {
 	}
 }
 
-func TestReaperPausesWithAutoPauseAndRetriesFailures(t *testing.T) {
+func TestExpiryPausesWithAutoPauseAndRetriesFailures(t *testing.T) {
 	node := newFakeNode()
 	m, st := newTestMaster(t, node)
 	ctx := context.Background()
@@ -289,7 +289,7 @@ func TestReaperPausesWithAutoPauseAndRetriesFailures(t *testing.T) {
 	}
 }
 
-func TestReaperRestoreKillsExpiredFromStore(t *testing.T) {
+func TestExpiryRestoreKillsExpiredFromStore(t *testing.T) {
 	node := newFakeNode()
 	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "s.db"))
 	if err != nil {

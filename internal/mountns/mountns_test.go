@@ -15,15 +15,20 @@ import (
 // runs in a mount namespace of its own and prints what FindHost found.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "find-host" {
-		p, err := FindHost()
-		if err != nil {
-			fmt.Println("error:", err)
-			os.Exit(1)
-		}
-		fmt.Println(p)
-		os.Exit(0)
+		os.Exit(findHostMain())
 	}
 	os.Exit(m.Run())
+}
+
+// findHostMain is the child's whole program; it returns its exit code.
+func findHostMain() int {
+	p, err := FindHost()
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println(p)
+	return 0
 }
 
 func needRoot(t *testing.T) {

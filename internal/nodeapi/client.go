@@ -10,7 +10,7 @@ import (
 
 	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
 	"github.com/cube-dev/cube/api/gen/node/v1/nodev1connect"
-	"github.com/cube-dev/cube/internal/cubelet"
+	"github.com/cube-dev/cube/internal/nodeproto"
 )
 
 // Client calls one cubelet's CubeletService. Errors come back as errdefs
@@ -46,14 +46,14 @@ func (c *Client) Info(ctx context.Context) (*nodev1.NodeInfo, error) {
 }
 
 // CreateSandbox creates a sandbox on the node.
-func (c *Client) CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error) {
+func (c *Client) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
 	res, err := c.rpc.CreateSandbox(ctx, connect.NewRequest(&nodev1.CreateSandboxRequest{
 		SandboxId: req.SandboxID, Template: req.Template, CpuCount: int32(req.CPUCount), MemoryMb: int32(req.MemoryMB),
 		EnvVars: req.EnvVars, EnvdAccessToken: req.EnvdAccessToken, AllowInternet: req.AllowInternet,
 		NodeMayChooseToken: req.NodeMayChooseToken,
 	}))
 	if err != nil {
-		return cubelet.Sandbox{}, FromConnect(err)
+		return nodeproto.Sandbox{}, FromConnect(err)
 	}
 	return sandboxFromProto(res.Msg.GetSandbox()), nil
 }
@@ -74,13 +74,13 @@ func (c *Client) HostPort(ctx context.Context, id string, port uint16) (uint16, 
 }
 
 // SandboxMetrics reads a sandbox's counters on the node.
-func (c *Client) SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error) {
+func (c *Client) SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error) {
 	res, err := c.rpc.GetMetrics(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
 	if err != nil {
-		return cubelet.Metrics{}, FromConnect(err)
+		return nodeproto.Metrics{}, FromConnect(err)
 	}
 	m := res.Msg
-	return cubelet.Metrics{
+	return nodeproto.Metrics{
 		Timestamp: time.UnixMilli(m.TimestampUnixMs).UTC(), CPUCount: int(m.CpuCount), CPUUsedPct: m.CpuUsedPct,
 		MemUsed: m.MemUsed, MemTotal: m.MemTotal, MemCache: m.MemCache, DiskUsed: m.DiskUsed, DiskTotal: m.DiskTotal,
 	}, nil
@@ -107,12 +107,12 @@ func (c *Client) UpdateEgress(ctx context.Context, id string, allowInternet bool
 }
 
 // Sandboxes lists the sandboxes running on the node.
-func (c *Client) Sandboxes(ctx context.Context) ([]cubelet.Sandbox, error) {
+func (c *Client) Sandboxes(ctx context.Context) ([]nodeproto.Sandbox, error) {
 	res, err := c.rpc.ListSandboxes(ctx, connect.NewRequest(&nodev1.Empty{}))
 	if err != nil {
 		return nil, FromConnect(err)
 	}
-	out := make([]cubelet.Sandbox, 0, len(res.Msg.Sandboxes))
+	out := make([]nodeproto.Sandbox, 0, len(res.Msg.Sandboxes))
 	for _, p := range res.Msg.Sandboxes {
 		out = append(out, sandboxFromProto(p))
 	}

@@ -11,21 +11,20 @@ import (
 
 	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
 	"github.com/cube-dev/cube/api/gen/node/v1/nodev1connect"
-	"github.com/cube-dev/cube/internal/cubelet"
-	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nodeproto"
 )
 
 // Cubelet is what the CubeletService handler needs from the node agent.
 type Cubelet interface {
-	CreateSandbox(ctx context.Context, req cubelet.CreateRequest) (cubelet.Sandbox, error)
+	CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error)
 	KillSandbox(ctx context.Context, id string) error
 	HostPort(ctx context.Context, id string, port uint16) (uint16, error)
-	SandboxMetrics(ctx context.Context, id string) (cubelet.Metrics, error)
+	SandboxMetrics(ctx context.Context, id string) (nodeproto.Metrics, error)
 	PauseSandbox(ctx context.Context, id string) error
 	ResumeSandbox(ctx context.Context, id string) error
-	UpdateEgress(ctx context.Context, id string, p cubevs.EgressPolicy) error
-	Sandboxes(ctx context.Context) ([]cubelet.Sandbox, error)
+	UpdateEgress(ctx context.Context, id string, p nodeproto.EgressPolicy) error
+	Sandboxes(ctx context.Context) ([]nodeproto.Sandbox, error)
 }
 
 // InfoFunc returns the node's current identity, capacity and templates.
@@ -67,7 +66,7 @@ func (s *cubeletServer) GetInfo(ctx context.Context, _ *connect.Request[nodev1.E
 
 func (s *cubeletServer) CreateSandbox(ctx context.Context, req *connect.Request[nodev1.CreateSandboxRequest]) (*connect.Response[nodev1.CreateSandboxResponse], error) {
 	m := req.Msg
-	sb, err := s.c.CreateSandbox(ctx, cubelet.CreateRequest{
+	sb, err := s.c.CreateSandbox(ctx, nodeproto.CreateRequest{
 		SandboxID: m.SandboxId, Template: m.Template, CPUCount: int(m.CpuCount), MemoryMB: int(m.MemoryMb),
 		EnvVars: m.EnvVars, EnvdAccessToken: m.EnvdAccessToken, AllowInternet: m.AllowInternet,
 		NodeMayChooseToken: m.NodeMayChooseToken,
@@ -113,15 +112,15 @@ func (s *cubeletServer) ResumeSandbox(ctx context.Context, req *connect.Request[
 }
 
 func (s *cubeletServer) UpdateEgress(ctx context.Context, req *connect.Request[nodev1.EgressRequest]) (*connect.Response[nodev1.Empty], error) {
-	allow, err := cubelet.ParsePrefixes(req.Msg.AllowOut)
+	allow, err := nodeproto.ParsePrefixes(req.Msg.AllowOut)
 	if err != nil {
 		return nil, ToConnect(err)
 	}
-	deny, err := cubelet.ParsePrefixes(req.Msg.DenyOut)
+	deny, err := nodeproto.ParsePrefixes(req.Msg.DenyOut)
 	if err != nil {
 		return nil, ToConnect(err)
 	}
-	return empty(s.c.UpdateEgress(ctx, req.Msg.SandboxId, cubevs.EgressPolicy{
+	return empty(s.c.UpdateEgress(ctx, req.Msg.SandboxId, nodeproto.EgressPolicy{
 		AllowInternet: req.Msg.AllowInternet, AllowOut: allow, DenyOut: deny,
 	}))
 }
@@ -145,7 +144,7 @@ func empty(err error) (*connect.Response[nodev1.Empty], error) {
 	return connect.NewResponse(&nodev1.Empty{}), nil
 }
 
-func sandboxToProto(sb cubelet.Sandbox) *nodev1.Sandbox {
+func sandboxToProto(sb nodeproto.Sandbox) *nodev1.Sandbox {
 	return &nodev1.Sandbox{
 		SandboxId: sb.ID, Template: sb.Template, Ip: sb.IP.String(), EnvdVersion: sb.EnvdVersion,
 		CpuCount: int32(sb.CPUCount), MemoryMb: int32(sb.MemoryMB), DiskSizeMb: int32(sb.DiskSizeMB),
@@ -153,8 +152,8 @@ func sandboxToProto(sb cubelet.Sandbox) *nodev1.Sandbox {
 	}
 }
 
-func sandboxFromProto(p *nodev1.Sandbox) cubelet.Sandbox {
-	sb := cubelet.Sandbox{
+func sandboxFromProto(p *nodev1.Sandbox) nodeproto.Sandbox {
+	sb := nodeproto.Sandbox{
 		ID: p.GetSandboxId(), Template: p.GetTemplate(), EnvdVersion: p.GetEnvdVersion(),
 		CPUCount: int(p.GetCpuCount()), MemoryMB: int(p.GetMemoryMb()), DiskSizeMB: int(p.GetDiskSizeMb()),
 		StartedAt: time.UnixMilli(p.GetStartedAtUnixMs()).UTC(), EnvdAccessToken: p.GetEnvdAccessToken(),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,7 +37,7 @@ func TestNodeConditions(t *testing.T) {
 	n = k.waitCond("invalid annotation", func(d, _ *corev1.NodeCondition) bool {
 		return d.Status == corev1.ConditionFalse && d.Reason == nodecontroller.ReasonInvalidAnnotation && strings.Contains(d.Message, `"now"`)
 	})
-	time.Sleep(2 * time.Second)
+	k.afterReconciles("", 1) // a second look changes nothing either
 	if c := cube.node(); c == nil || c.State != "Ready" || c.Drain != nil {
 		t.Fatalf("bad annotation changed the cube node: %+v", c)
 	}
@@ -75,7 +74,7 @@ func TestNodeConditions(t *testing.T) {
 
 	t.Log("step: no writes while nothing changes")
 	rv := n.ResourceVersion
-	time.Sleep(7 * time.Second) // longer than the 5 s resync
+	k.afterReconciles("", 3) // idle resyncs
 	if n = k.get(); n.ResourceVersion != rv {
 		d, s := conds(n)
 		t.Fatalf("node written while idle (resourceVersion %s -> %s): %+v %+v", rv, n.ResourceVersion, d, s)

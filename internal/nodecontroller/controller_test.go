@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,7 +86,13 @@ func TestNodeController(t *testing.T) {
 	cube.waitState("Ready", 30*time.Second)
 	k.create(nil, nil)
 	k.patch(`{"spec":{"unschedulable":true}}`)
-	time.Sleep(3 * time.Second)
+	// The controller takes Node events in order: once a managed Node
+	// created after the patch has been reconciled, the patch was seen too.
+	probe := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.name + "-probe", Labels: map[string]string{"cube.dev/compute": "true"}}}
+	if _, err := k.kc.CoreV1().Nodes().Create(context.Background(), probe, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create probe node: %v", err)
+	}
+	k.afterReconciles(probe.Name, 1)
 	if n := cube.node(); n == nil || n.State != "Ready" {
 		t.Fatalf("unmanaged node changed cube: %+v", n)
 	}
@@ -95,7 +102,7 @@ func TestNodeController(t *testing.T) {
 }
 
 // startSuite starts a cube server with one cubelet, a kube-apiserver and
-// the controller (leader-elected, 5 s resync); the kube drives the Node
+// the controller (leader-elected, 1 s resync); the kube drives the Node
 // named like the cubelet.
 func startSuite(t *testing.T) (*cubeEnv, *kube) {
 	t.Helper()
@@ -120,10 +127,12 @@ func startSuite(t *testing.T) (*cubeEnv, *kube) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	counts := &reconcileCounter{n: map[string]int{}}
 	go func() {
 		done <- nodecontroller.Run(ctx, cfg, nodecontroller.Options{
 			Cube: client, LeaderElection: true, LeaderElectionNamespace: "default",
-			Resync: 5 * time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+			Resync: time.Second, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+			Reconciled: counts.inc,
 		})
 	}()
 	t.Cleanup(func() {
@@ -132,7 +141,27 @@ func startSuite(t *testing.T) (*cubeEnv, *kube) {
 			t.Errorf("controller: %v", err)
 		}
 	})
-	return cube, &kube{t: t, kc: kc, name: name}
+	return cube, &kube{t: t, kc: kc, name: name, reconciles: counts}
+}
+
+// reconcileCounter counts the controller's reconciles per Node, so a test
+// that must show the controller left something alone waits for it to have
+// looked instead of sleeping.
+type reconcileCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *reconcileCounter) inc(node string) {
+	c.mu.Lock()
+	c.n[node]++
+	c.mu.Unlock()
+}
+
+func (c *reconcileCounter) get(node string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[node]
 }
 
 type drainStatus struct {
@@ -144,9 +173,28 @@ type drainStatus struct {
 
 // kube drives one Node through client-go.
 type kube struct {
-	t    *testing.T
-	kc   *kubernetes.Clientset
-	name string
+	t          *testing.T
+	kc         *kubernetes.Clientset
+	name       string
+	reconciles *reconcileCounter
+}
+
+// afterReconciles returns once the controller has reconciled node (default
+// k's Node) n more times from now: whatever it would do about the state
+// the test set up, it has done.
+func (k *kube) afterReconciles(node string, n int) {
+	k.t.Helper()
+	if node == "" {
+		node = k.name
+	}
+	want := k.reconciles.get(node) + n
+	deadline := time.Now().Add(30 * time.Second)
+	for k.reconciles.get(node) < want {
+		if time.Now().After(deadline) {
+			k.t.Fatalf("timed out waiting for %d reconciles of node %s", n, node)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (k *kube) create(labels, annotations map[string]string) {

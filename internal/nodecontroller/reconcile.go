@@ -37,6 +37,9 @@ type Reconciler struct {
 	Events   recorder.EventRecorder // may be nil
 	Resync   time.Duration
 	Log      *slog.Logger
+	// Reconciled, if set, is called after every reconcile of a Node,
+	// whatever its outcome (see Options.Reconciled).
+	Reconciled func(node string)
 }
 
 var _ reconcile.Reconciler = (*Reconciler)(nil)
@@ -44,6 +47,9 @@ var _ reconcile.Reconciler = (*Reconciler)(nil)
 // Reconcile applies one Node's cordon, drain annotation and deletion to
 // Cube and writes drain progress back.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if r.Reconciled != nil {
+		defer r.Reconciled(req.Name)
+	}
 	var node corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &node); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)

@@ -46,6 +46,11 @@ type Options struct {
 	// (default 1m).
 	Resync time.Duration
 	Log    *slog.Logger
+	// Reconciled, if set, is called with the Node's name after every
+	// reconcile, whatever its outcome. A test that must show the
+	// controller left something alone waits for a reconcile instead of
+	// sleeping; it must not block.
+	Reconciled func(node string)
 }
 
 // Run runs the controller until ctx ends.
@@ -115,6 +120,8 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 		Events:   mgr.GetEventRecorder(Name),
 		Resync:   o.Resync,
 		Log:      o.Log,
+
+		Reconciled: o.Reconciled,
 	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named(Name).

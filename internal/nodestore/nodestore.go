@@ -38,8 +38,10 @@ const (
 type Sandbox struct {
 	ID string `json:"id"`
 	// RuntimeID names the sandbox's runtime objects (state dir, cgroup,
-	// shim) when they differ from ID: a sandbox made from a pre-started
-	// pool slot keeps the slot's. Empty means ID; use Runtime().
+	// shim, network endpoint, mappings): the id of the record that made
+	// them, a pool slot's for a sandbox made from a slot. The cubelet sets
+	// it on every record it writes; records of earlier versions may have
+	// none, which means ID. Use Runtime().
 	RuntimeID     string            `json:"runtimeID,omitempty"`
 	Generation    uint64            `json:"generation"`
 	Template      string            `json:"template"`

@@ -55,7 +55,7 @@ type workload struct {
 	pid    int
 	cg     *cgroup.Cgroup
 	done   chan struct{} // closed when init has exited (it is not reaped)
-	status shim.ExitStatus
+	status supervisor.ExitStatus
 	once   sync.Once
 	execs  chan supervisorExec // to the thread that started the init
 }

@@ -15,10 +15,8 @@ import (
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/mountns"
 	"github.com/cube-dev/cube/internal/shim"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
-
-// State is the live state of a sandbox as its shim reports it.
-type State = shim.State
 
 // Sandbox is a running sandbox, reached through its shim. Close releases
 // the handle; the sandbox keeps running.
@@ -97,12 +95,12 @@ func (s *Sandbox) ShimPID() int { return s.client.Info().PID }
 // InitPID returns the host pid of the sandbox's init.
 func (s *Sandbox) InitPID() int { return s.client.Info().InitPID }
 
-// AttachState is the state the shim reported when Attach reached it.
-func (s *Sandbox) AttachState() State { return s.client.DialState() }
+// AttachState is the state the supervisor reported when Attach reached it.
+func (s *Sandbox) AttachState() supervisor.State { return s.client.DialState() }
 
 // State returns the sandbox's state; after the shim has exited it is read
 // from the exit record.
-func (s *Sandbox) State(ctx context.Context) (State, error) { return s.client.State(ctx) }
+func (s *Sandbox) State(ctx context.Context) (supervisor.State, error) { return s.client.State(ctx) }
 
 // Kill kills every process of the sandbox and waits until the shim has
 // exited. It is idempotent.
@@ -157,7 +155,7 @@ func killRecorded(ctx context.Context, stateDir string) error {
 // stateFiles are what Start and the shim create in a state dir.
 var stateFiles = []string{SpecFile, InitLog, rootfsDir, upperDir, workDir, diskImage, diskMount,
 	idmapLowerDir, idmapLayerDir,
-	shim.InfoFile, shim.ExitFile, shim.SocketFile, shim.LogFile}
+	supervisor.InfoFile, supervisor.ExitFile, supervisor.SocketFile, supervisor.LogFile}
 
 // removeStateFiles undoes a failed Start: it removes what Start and the shim
 // made in the caller's state dir and leaves the dir itself.

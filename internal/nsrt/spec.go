@@ -1,8 +1,10 @@
 // Package nsrt is the namespace runtime: it runs a sandbox as an init in its
 // own pid, mount, uts, ipc and cgroup namespaces, joined to a network
 // namespace made by the networking layer, on an overlayfs over a read-only
-// template rootfs, inside a cgroup with limits. Each sandbox is supervised
-// by a detached `cube shim` (see package shim) so it outlives the agent.
+// template rootfs, inside a cgroup with limits. Each sandbox is built by a
+// detached `cube shim`, which then becomes the sandbox's supervisor (same
+// process, after an exec; see packages shim and supervisor), so it
+// outlives the agent.
 package nsrt
 
 import (
@@ -19,7 +21,7 @@ import (
 )
 
 // Files and directories nsrt keeps in a sandbox state dir (next to the
-// shim's shim.json, exit.json, shim.sock and shim.log).
+// supervisor's shim.json, exit.json, shim.sock and shim.log).
 const (
 	SpecFile  = "spec.json" // the Spec, written by Start
 	InitLog   = "init.log"  // the init's stdout and stderr

@@ -3,9 +3,7 @@ package preflight
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"net/netip"
 	"os"
@@ -218,30 +216,11 @@ func probeKVM(path string) bool {
 }
 
 func gatherNetlink(f *Facts) {
-	links, err := nldump.Retry(netlink.LinkList)
+	var err error
+	f.Links, f.Routes, err = hostRoutes()
 	if err != nil {
-		f.RoutesErr = fmt.Sprintf("list links: %v", err)
+		f.RoutesErr = err.Error()
 		return
-	}
-	names := map[int]string{}
-	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
-		f.Links = append(f.Links, l.Attrs().Name)
-	}
-	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
-	if err != nil {
-		f.RoutesErr = fmt.Sprintf("list routes: %v", err)
-		return
-	}
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		p, ok := netipPrefix(r.Dst.IP, r.Dst.Mask)
-		if !ok || p.Bits() == 0 {
-			continue
-		}
-		f.Routes = append(f.Routes, Route{Dst: p, Dev: names[r.LinkIndex]})
 	}
 	addrs, err := nldump.Retry(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
@@ -253,6 +232,37 @@ func gatherNetlink(f *Facts) {
 			f.Addrs = append(f.Addrs, p)
 		}
 	}
+}
+
+// hostRoutes returns the link names and the IPv4 routes (default routes
+// excluded) of the calling thread's network namespace.
+func hostRoutes() ([]string, []Route, error) {
+	links, err := nldump.Retry(netlink.LinkList)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list links: %w", err)
+	}
+	names := map[int]string{}
+	var linkNames []string
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+		linkNames = append(linkNames, l.Attrs().Name)
+	}
+	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return netlink.RouteList(nil, netlink.FAMILY_V4) })
+	if err != nil {
+		return linkNames, nil, fmt.Errorf("list routes: %w", err)
+	}
+	var out []Route
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		p, ok := netipPrefix(r.Dst.IP, r.Dst.Mask)
+		if !ok || p.Bits() == 0 {
+			continue
+		}
+		out = append(out, Route{Dst: p, Dev: names[r.LinkIndex]})
+	}
+	return linkNames, out, nil
 }
 
 func netipPrefix(ip []byte, mask []byte) (netip.Prefix, bool) {
@@ -274,24 +284,13 @@ func netipPrefix(ip []byte, mask []byte) (netip.Prefix, bool) {
 }
 
 func gatherListeners(f *Facts, procDir string) {
-	var errs []error
-	for _, proto := range []string{"tcp", "tcp6", "udp", "udp6"} {
-		b, err := os.ReadFile(filepath.Join(procDir, "net", proto))
-		if errors.Is(err, fs.ErrNotExist) && strings.HasSuffix(proto, "6") {
-			continue // IPv6 disabled
+	socks, err := ReadProcNet(filepath.Join(procDir, "net"))
+	for _, s := range socks {
+		if s.Accepting() {
+			f.Listeners = append(f.Listeners, Listener{Proto: s.Proto, Addr: s.Local})
 		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		ls, err := ParseProcNet(proto, string(b))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		f.Listeners = append(f.Listeners, ls...)
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		f.ListenersErr = err.Error()
 	}
 }

@@ -2,8 +2,12 @@ package preflight
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -22,34 +26,75 @@ func ParseFilesystems(s string) []string {
 	return out
 }
 
-// ParseProcNet returns the sockets of a /proc/net/{tcp,tcp6,udp,udp6} file
-// that accept traffic: TCP sockets in LISTEN, UDP sockets without a peer.
-func ParseProcNet(proto, s string) ([]Listener, error) {
-	listen := "0A" // TCP_LISTEN
-	if strings.HasPrefix(proto, "udp") {
-		listen = "07" // TCP_CLOSE: unconnected UDP
+// Socket is one line of a /proc/net/{tcp,tcp6,udp,udp6} table.
+type Socket struct {
+	Proto  string // tcp, tcp6, udp, udp6
+	Local  netip.AddrPort
+	Remote netip.AddrPort
+	State  string // the kernel's hex state: "0A" TCP_LISTEN, "07" TCP_CLOSE (a UDP socket without a peer)
+}
+
+// Accepting reports whether s accepts traffic from anyone: a TCP socket in
+// LISTEN or a UDP socket without a peer.
+func (s Socket) Accepting() bool {
+	if s.udp() {
+		return s.State == "07" && s.Remote.Port() == 0
 	}
-	var out []Listener
+	return s.State == "0A"
+}
+
+// HoldsPort reports whether traffic to s's local port reaches s: a TCP
+// socket in LISTEN or any UDP socket (a connected one hears its peer).
+func (s Socket) HoldsPort() bool { return s.udp() || s.State == "0A" }
+
+func (s Socket) udp() bool { return strings.HasPrefix(s.Proto, "udp") }
+
+// ParseProcNet returns the sockets of a /proc/net/{tcp,tcp6,udp,udp6} file.
+func ParseProcNet(proto, s string) ([]Socket, error) {
+	var out []Socket
 	for i, line := range strings.Split(s, "\n") {
 		f := strings.Fields(line)
 		if i == 0 || len(f) < 4 {
 			continue // header or blank
 		}
-		if f[3] != listen {
-			continue
-		}
 		local, err := parseHexAddrPort(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("/proc/net/%s line %d: %w", proto, i+1, err)
 		}
-		if strings.HasPrefix(proto, "udp") {
-			if remote, err := parseHexAddrPort(f[2]); err != nil || remote.Port() != 0 {
-				continue
-			}
+		remote, err := parseHexAddrPort(f[2])
+		if err != nil {
+			return nil, fmt.Errorf("/proc/net/%s line %d: %w", proto, i+1, err)
 		}
-		out = append(out, Listener{Proto: proto, Addr: local})
+		out = append(out, Socket{Proto: proto, Local: local, Remote: remote, State: f[3]})
 	}
 	return out, nil
+}
+
+// ReadProcNet reads the tcp, tcp6, udp and udp6 tables of netDir (a
+// /proc/<pid>/net or /proc/thread-self/net: the tables of that process's or
+// thread's network namespace). Missing IPv6 tables (IPv6 disabled) are
+// skipped; the sockets of the tables that could be read are returned with
+// the errors of the others.
+func ReadProcNet(netDir string) ([]Socket, error) {
+	var out []Socket
+	var errs []error
+	for _, proto := range []string{"tcp", "tcp6", "udp", "udp6"} {
+		b, err := os.ReadFile(filepath.Join(netDir, proto))
+		if errors.Is(err, fs.ErrNotExist) && strings.HasSuffix(proto, "6") {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		socks, err := ParseProcNet(proto, string(b))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, socks...)
+	}
+	return out, errors.Join(errs...)
 }
 
 // parseHexAddrPort reads "0100007F:0050" (IPv4) or a 32-digit IPv6 address

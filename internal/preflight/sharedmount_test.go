@@ -20,29 +20,33 @@ import (
 // namespace (as `cube kube share-mounts --here` is in the chart), and as a
 // probe run in another netns.
 func TestMain(m *testing.M) {
-	if dirs := os.Getenv("CUBE_TEST_ENSURE_SHARED"); dirs != "" {
-		res, err := EnsureShared(strings.Split(dirs, ","))
-		_ = json.NewEncoder(os.Stdout).Encode(res)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	if dirs := os.Getenv("CUBE_TEST_RELEASE_SHARED"); dirs != "" {
-		released, err := ReleaseShared(strings.Split(dirs, ","))
-		_ = json.NewEncoder(os.Stdout).Encode(released)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	if os.Getenv("CUBE_TEST_PROBE_HOSTNETNS") == "1" {
-		_ = json.NewEncoder(os.Stdout).Encode(ProbeHostNetNS("/proc"))
-		os.Exit(0)
+	if code, ok := childMain(); ok {
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
+}
+
+// childMain runs the child programs TestMain stands for, chosen by the
+// environment; ok is false in the test binary's ordinary run.
+func childMain() (code int, ok bool) {
+	var res any
+	var err error
+	switch {
+	case os.Getenv("CUBE_TEST_ENSURE_SHARED") != "":
+		res, err = EnsureShared(strings.Split(os.Getenv("CUBE_TEST_ENSURE_SHARED"), ","))
+	case os.Getenv("CUBE_TEST_RELEASE_SHARED") != "":
+		res, err = ReleaseShared(strings.Split(os.Getenv("CUBE_TEST_RELEASE_SHARED"), ","))
+	case os.Getenv("CUBE_TEST_PROBE_HOSTNETNS") == "1":
+		res = ProbeHostNetNS("/proc")
+	default:
+		return 0, false
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(res)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1, true
+	}
+	return 0, true
 }
 
 // ensureSharedIn runs EnsureShared(dirs) in the mount namespace of pid the

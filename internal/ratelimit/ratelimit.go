@@ -1,6 +1,8 @@
-// Package ratelimit is a token-bucket rate limiter keyed by a string (an
-// API key id): each key has its own bucket that refills at Rate tokens per
-// second up to Burst, and every request takes one token.
+// Package ratelimit applies a token-bucket limit per key (an API key id):
+// each key has its own golang.org/x/time/rate bucket that refills at Rate
+// tokens per second up to Burst, and every request takes one token. It adds
+// to x/time/rate what the API needs: a bucket per key with a bound on idle
+// keys, the wait to put in Retry-After, and the flag syntax.
 package ratelimit
 
 import (
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 )
@@ -41,20 +45,17 @@ const maxIdleKeys = 4096
 
 // Limiter holds one bucket per key. It is safe for concurrent use.
 type Limiter struct {
-	limit   Limit
-	now     func() time.Time
-	mu      sync.Mutex
-	buckets map[string]*bucket
-}
-
-type bucket struct {
-	tokens float64
-	last   time.Time
+	limit Limit
+	// now is the clock; tests replace it, since rate.Limiter takes the time
+	// of every call explicitly.
+	now  func() time.Time
+	mu   sync.Mutex // guards keys and the buckets' use
+	keys map[string]*rate.Limiter
 }
 
 // New returns a limiter applying l to every key; l must be valid.
 func New(l Limit) *Limiter {
-	return &Limiter{limit: l, now: time.Now, buckets: map[string]*bucket{}}
+	return &Limiter{limit: l, now: time.Now, keys: map[string]*rate.Limiter{}}
 }
 
 // Allow takes a token from key's bucket. When the bucket is empty it takes
@@ -64,38 +65,38 @@ func (l *Limiter) Allow(key string) (bool, time.Duration) {
 		return true, 0
 	}
 	now := l.now()
+	// One lock over lookup and take, as a sweep may drop a full bucket
+	// between them and the next request would find a fresh one.
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b, ok := l.buckets[key]
-	if !ok {
-		if len(l.buckets) >= maxIdleKeys {
-			l.sweep(now)
-		}
-		b = &bucket{tokens: float64(l.limit.Burst), last: now}
-		l.buckets[key] = b
-	}
-	l.refill(b, now)
-	if b.tokens >= 1 {
-		b.tokens--
+	b := l.bucket(key, now)
+	// AllowN changes nothing when it refuses, so a refused request does not
+	// push the next token further away.
+	if b.AllowN(now, 1) {
 		return true, 0
 	}
-	wait := time.Duration((1 - b.tokens) / l.limit.Rate * float64(time.Second))
-	return false, wait
+	missing := 1 - b.TokensAt(now)
+	return false, time.Duration(missing / l.limit.Rate * float64(time.Second))
 }
 
-func (l *Limiter) refill(b *bucket, now time.Time) {
-	if el := now.Sub(b.last); el > 0 {
-		b.tokens = min(float64(l.limit.Burst), b.tokens+el.Seconds()*l.limit.Rate)
-		b.last = now
+// bucket returns key's bucket, made full on first use. l.mu is held.
+func (l *Limiter) bucket(key string, now time.Time) *rate.Limiter {
+	b, ok := l.keys[key]
+	if !ok {
+		if len(l.keys) >= maxIdleKeys {
+			l.sweep(now)
+		}
+		b = rate.NewLimiter(rate.Limit(l.limit.Rate), l.limit.Burst)
+		l.keys[key] = b
 	}
+	return b
 }
 
-// sweep drops full buckets.
+// sweep drops full buckets: a new one would behave the same.
 func (l *Limiter) sweep(now time.Time) {
-	for k, b := range l.buckets {
-		l.refill(b, now)
-		if b.tokens >= float64(l.limit.Burst) {
-			delete(l.buckets, k)
+	for k, b := range l.keys {
+		if b.TokensAt(now) >= float64(l.limit.Burst) {
+			delete(l.keys, k)
 		}
 	}
 }

@@ -83,8 +83,54 @@ func TestSweepBoundsKeys(t *testing.T) {
 	}
 	c.add(2 * time.Second)
 	l.Allow("new")
-	if n := len(l.buckets); n != 1 {
+	if n := len(l.keys); n != 1 {
 		t.Errorf("%d buckets after a sweep of idle keys, want 1", n)
+	}
+}
+
+// A refused request takes nothing: a client hammering an empty bucket gets
+// its token at the same time as one that waits, and the wait it is told
+// shrinks as time passes.
+func TestRefusedRequestsCostNothing(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := newAt(Limit{Rate: 4, Burst: 1}, c)
+	if ok, _ := l.Allow("k"); !ok {
+		t.Fatal("first request refused")
+	}
+	for range 10 {
+		if ok, wait := l.Allow("k"); ok || wait != 250*time.Millisecond {
+			t.Fatalf("empty bucket: ok=%v wait=%s, want refused with 250ms", ok, wait)
+		}
+	}
+	c.add(100 * time.Millisecond)
+	if ok, wait := l.Allow("k"); ok || wait != 150*time.Millisecond {
+		t.Fatalf("100ms later: ok=%v wait=%s, want refused with 150ms", ok, wait)
+	}
+	c.add(150 * time.Millisecond)
+	if ok, _ := l.Allow("k"); !ok {
+		t.Fatal("token not there when the first refusal said it would be")
+	}
+}
+
+func TestSweepKeepsBusyKeys(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	l := newAt(Limit{Rate: 1, Burst: 2}, c)
+	l.Allow("busy")
+	l.Allow("busy")
+	for i := range maxIdleKeys - 1 {
+		l.Allow(strconv.Itoa(i))
+	}
+	c.add(time.Second) // the idle keys are full again, "busy" has 1 of 2
+	l.Allow("new")
+	if _, ok := l.keys["busy"]; !ok || len(l.keys) != 2 {
+		t.Fatalf("after the sweep: %d keys, busy kept %v; want busy and new", len(l.keys), ok)
+	}
+	// The kept bucket still remembers what "busy" spent.
+	if ok, _ := l.Allow("busy"); !ok {
+		t.Fatal("busy refused with 1 token left")
+	}
+	if ok, _ := l.Allow("busy"); ok {
+		t.Fatal("busy got a token it did not have: its bucket was reset")
 	}
 }
 

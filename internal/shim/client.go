@@ -21,17 +21,17 @@ import (
 // Client talks to one running shim. Close it when done.
 type Client struct {
 	stateDir string
-	info     Info
+	info     supervisor.Info
 	proc     *pidfd.FD
 	http     *http.Client
-	dialed   State // what the shim answered when Dial checked it
+	dialed   supervisor.State // what the shim answered when Dial checked it
 }
 
 // Dial re-attaches to the shim recorded in stateDir. It fails with
 // ErrNotFound when no shim was recorded or it has exited, and with
 // ErrUnavailable when its process lives but does not answer.
 func Dial(ctx context.Context, stateDir string) (*Client, error) {
-	info, err := ReadInfo(stateDir)
+	info, err := supervisor.ReadInfo(stateDir)
 	if err != nil {
 		return nil, fmt.Errorf("shim in %s: %w", stateDir, err)
 	}
@@ -40,7 +40,7 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 		return nil, fmt.Errorf("shim %d in %s is gone: %w", info.PID, stateDir, errdefs.ErrNotFound)
 	}
 	c := newClient(stateDir, info, proc)
-	var st State
+	var st supervisor.State
 	if err := c.call(ctx, http.MethodGet, "/state", &st); err != nil {
 		gone := errors.Is(err, errdefs.ErrNotFound) || proc.ExitedWithin(ctx, dyingGrace)
 		c.Close()
@@ -66,10 +66,10 @@ const dyingGrace = 250 * time.Millisecond
 
 // DialState is the state the shim reported when Dial reached it (zero for
 // a client from Spawn): a liveness probe needs no second round trip.
-func (c *Client) DialState() State { return c.dialed }
+func (c *Client) DialState() supervisor.State { return c.dialed }
 
-func newClient(stateDir string, info Info, proc *pidfd.FD) *Client {
-	sock := filepath.Join(stateDir, SocketFile)
+func newClient(stateDir string, info supervisor.Info, proc *pidfd.FD) *Client {
+	sock := filepath.Join(stateDir, supervisor.SocketFile)
 	return &Client{stateDir: stateDir, info: info, proc: proc, http: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -79,8 +79,8 @@ func newClient(stateDir string, info Info, proc *pidfd.FD) *Client {
 	}}}
 }
 
-// Info returns the shim's record.
-func (c *Client) Info() Info { return c.info }
+// Info returns the shim's record (shim.json, written by the supervisor).
+func (c *Client) Info() supervisor.Info { return c.info }
 
 // Close releases the client's connections and process handle; the shim
 // keeps running.
@@ -89,22 +89,23 @@ func (c *Client) Close() error {
 	return c.proc.Close()
 }
 
-// State returns the shim's live state. Once the shim has exited it is
-// rebuilt from the records (Running false, exit code from exit.json).
-func (c *Client) State(ctx context.Context) (State, error) {
-	var st State
+// State returns the sandbox's live state as the supervisor reports it.
+// Once the shim has exited it is rebuilt from the records (Running false,
+// exit code from exit.json).
+func (c *Client) State(ctx context.Context) (supervisor.State, error) {
+	var st supervisor.State
 	err := c.call(ctx, http.MethodGet, "/state", &st)
 	if err == nil {
 		return st, nil
 	}
 	if !c.proc.Exited() {
-		return State{}, err
+		return supervisor.State{}, err
 	}
-	e, rerr := ReadExit(c.stateDir)
+	e, rerr := supervisor.ReadExit(c.stateDir)
 	if rerr != nil {
-		return State{}, fmt.Errorf("shim %d exited without recording an exit status: %w", c.info.PID, errdefs.ErrNotFound)
+		return supervisor.State{}, fmt.Errorf("shim %d exited without recording an exit status: %w", c.info.PID, errdefs.ErrNotFound)
 	}
-	return State{ShimPID: c.info.PID, InitPID: c.info.InitPID, ExitCode: e.ExitCode, Signal: e.Signal,
+	return supervisor.State{ShimPID: c.info.PID, InitPID: c.info.InitPID, ExitCode: e.ExitCode, Signal: e.Signal,
 		StartedAt: c.info.StartedAt, ExitedAt: e.ExitedAt, Version: c.info.Version}, nil
 }
 

@@ -1,3 +1,10 @@
+// Package shim starts a sandbox's per-sandbox process and reaches it.
+// `cube shim` (Main) is only the start-up stage: it runs the launcher that
+// builds the sandbox, then execs the supervisor (package supervisor), which
+// keeps the pid and lives as long as the sandbox. The agent's side is Spawn
+// (start one, wait for its report) and Client (Dial re-attaches by pidfd
+// and the supervisor's socket: State, Kill, Freeze, ExitWatch). The records
+// it reads and the State it returns are package supervisor's.
 package shim
 
 import (

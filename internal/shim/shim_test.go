@@ -102,6 +102,15 @@ func fakeLaunch(ctx context.Context, stateDir string) (Workload, error) {
 	return w, nil
 }
 
+// needRoot skips t unless it runs as root: fakeLaunch puts the workload in
+// a cgroup of its own.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the workload runs in a cgroup of its own")
+	}
+}
+
 func setup(t *testing.T, argv string) (exe, dir string) {
 	t.Helper()
 	exe, err := os.Executable()
@@ -122,6 +131,7 @@ func setup(t *testing.T, argv string) (exe, dir string) {
 }
 
 func TestSpawnKill(t *testing.T) {
+	needRoot(t)
 	exe, dir := setup(t, "/bin/busybox sleep 1000")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -180,8 +190,8 @@ func TestSpawnKill(t *testing.T) {
 	if err := c.Kill(ctx); err != nil {
 		t.Fatalf("second Kill: %v", err)
 	}
-	e, err := ReadExit(dir)
-	if err != nil || e.Signal != "SIGKILL" || e.Schema != SchemaVersion {
+	e, err := supervisor.ReadExit(dir)
+	if err != nil || e.Signal != "SIGKILL" || e.Schema != supervisor.SchemaVersion {
 		t.Errorf("exit record = %+v, %v", e, err)
 	}
 	if st, err := c.State(ctx); err != nil || st.Running {
@@ -193,12 +203,13 @@ func TestSpawnKill(t *testing.T) {
 	if _, err := Dial(ctx, dir); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Dial after exit: %v, want ErrNotFound", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, SocketFile)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, supervisor.SocketFile)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left: %v", err)
 	}
 }
 
 func TestWorkloadExitEndsShim(t *testing.T) {
+	needRoot(t)
 	exe, dir := setup(t, "/bin/busybox false")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -210,7 +221,7 @@ func TestWorkloadExitEndsShim(t *testing.T) {
 	if err := c.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if e, err := ReadExit(dir); err != nil || e.ExitCode != 1 {
+	if e, err := supervisor.ReadExit(dir); err != nil || e.ExitCode != 1 {
 		t.Errorf("exit record = %+v, %v", e, err)
 	}
 }
@@ -223,7 +234,7 @@ func TestSpawnLaunchFailure(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "launch refused") {
 		t.Fatalf("err = %v, want the launcher's error and kind", err)
 	}
-	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := supervisor.ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("shim.json written on failure: %v", err)
 	}
 }
@@ -231,6 +242,7 @@ func TestSpawnLaunchFailure(t *testing.T) {
 // A shim that cannot exec its supervisor reports why and leaves nothing of
 // its workload running.
 func TestSpawnSupervisorExecFailure(t *testing.T) {
+	needRoot(t)
 	exe, dir := setup(t, "badexec /bin/busybox sleep 1000")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -245,7 +257,7 @@ func TestSpawnSupervisorExecFailure(t *testing.T) {
 	if procs, err := cg.Procs(); err != nil || len(procs) != 0 {
 		t.Errorf("workload left running: %v, %v", procs, err)
 	}
-	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := supervisor.ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("shim.json written on failure: %v", err)
 	}
 }
@@ -257,50 +269,14 @@ func TestSpawnBadExe(t *testing.T) {
 	}
 }
 
-func TestRecords(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrNotFound) {
-		t.Errorf("missing: %v", err)
-	}
-	in := Info{Schema: SchemaVersion, PID: 12, InitPID: 13, Version: "v1", Socket: "/s", StartedAt: time.Unix(5, 0).UTC()}
-	if err := atomicfile.WriteJSON(filepath.Join(dir, InfoFile), in, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := ReadInfo(dir); err != nil || out != in {
-		t.Errorf("round trip: %+v, %v", out, err)
-	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
-		t.Errorf("temp files left: %v", ents)
-	}
-	os.WriteFile(filepath.Join(dir, InfoFile), []byte(`{"schema": 99}`), 0o644)
-	if _, err := ReadInfo(dir); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("newer schema: %v, want ErrFailedPrecondition", err)
-	}
-	os.WriteFile(filepath.Join(dir, ExitFile), []byte(`{`), 0o644)
-	if _, err := ReadExit(dir); !errors.Is(err, errdefs.ErrInvalidArgument) {
-		t.Errorf("corrupt: %v, want ErrInvalidArgument", err)
-	}
+// TestKindOf: error kinds survive the trip through the shim API's HTTP
+// statuses (the supervisor's records are tested in package supervisor).
+func TestKindOf(t *testing.T) {
 	for _, k := range []error{errdefs.ErrNotFound, errdefs.ErrUnavailable, errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument} {
 		if got := kindOf(errdefs.HTTPStatus(k)); got != k {
 			t.Errorf("kindOf(%v) = %v", k, got)
 		}
 	}
-}
-
-func FuzzReadInfo(f *testing.F) {
-	f.Add([]byte(`{"schema":1,"pid":3,"initPid":4,"version":"dev","socket":"/x","startedAt":"2026-01-01T00:00:00Z"}`))
-	f.Add([]byte(`{"schema":2}`))
-	f.Add([]byte(`[]`))
-	dir := f.TempDir()
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if err := os.WriteFile(filepath.Join(dir, InfoFile), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		i, err := ReadInfo(dir)
-		if err == nil && i.Schema > SchemaVersion {
-			t.Fatalf("accepted schema %d", i.Schema)
-		}
-	})
 }
 
 // silentShim plays a shim that accepts connections but never answers, and
@@ -335,7 +311,7 @@ func startSilentShim(t *testing.T, lifetime string) (dir string) {
 		t.Fatal(err)
 	}
 	dir = t.TempDir()
-	sock := filepath.Join(dir, SocketFile)
+	sock := filepath.Join(dir, supervisor.SocketFile)
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), "CUBE_TEST_SILENT_SHIM="+sock, "CUBE_TEST_SILENT_FOR="+lifetime)
 	if err := cmd.Start(); err != nil {
@@ -350,8 +326,8 @@ func startSilentShim(t *testing.T, lifetime string) (dir string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	info := Info{Schema: SchemaVersion, PID: cmd.Process.Pid, Socket: sock, StartedAt: time.Now()}
-	if err := atomicfile.WriteJSON(filepath.Join(dir, InfoFile), info, 0o644); err != nil {
+	info := supervisor.Info{Schema: supervisor.SchemaVersion, PID: cmd.Process.Pid, Socket: sock, StartedAt: time.Now()}
+	if err := atomicfile.WriteJSON(filepath.Join(dir, supervisor.InfoFile), info, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -53,7 +53,7 @@ func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client
 	cmd.ExtraFiles = []*os.File{pw}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	start := func() error {
-		logf, err := os.OpenFile(filepath.Join(stateDir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		logf, err := os.OpenFile(filepath.Join(stateDir, supervisor.LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return fmt.Errorf("open shim log: %w", err)
 		}
@@ -105,8 +105,8 @@ func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client
 	})
 	var c *Client
 	if err == nil {
-		var info Info
-		if info, err = ReadInfo(stateDir); err == nil && (info.PID != res.PID || info.InitPID != res.InitPID) {
+		var info supervisor.Info
+		if info, err = supervisor.ReadInfo(stateDir); err == nil && (info.PID != res.PID || info.InitPID != res.InitPID) {
 			err = fmt.Errorf("shim.json (pid %d) does not match the shim's report (pid %d): %w", info.PID, res.PID, errdefs.ErrConflict)
 		}
 		if err == nil {
@@ -147,7 +147,7 @@ func reap(cmd *exec.Cmd) {
 func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) {
 	var r supervisor.Report
 	if err := dec.Decode(&r); err != nil {
-		return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
+		return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", supervisor.LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
 	}
 	var vanished error
 	if r.Stage == "hello" {
@@ -159,7 +159,7 @@ func readReports(dec *json.Decoder, hello func(pid int) error) (spawned, error) 
 			if vanished != nil {
 				return spawned{}, vanished
 			}
-			return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
+			return spawned{}, fmt.Errorf("shim exited without reporting (see %s): %w: %w", supervisor.LogFile, errdefs.ErrUnavailable, eofIsUnexpected(err))
 		}
 	}
 	switch {

@@ -160,6 +160,18 @@ func (s *sqlStore) SetNetwork(ctx context.Context, id string, network json.RawMe
 		`UPDATE sandboxes SET network = ?, allow_internet_access = ? WHERE id = ?`, n, allowInternet, id)
 }
 
+// PlaceUnplaced records nodeID as the node of every sandbox recorded
+// without one and reports how many there were. An all-in-one Cube before
+// it scheduled through the node registry left the node empty; its
+// in-process node owns them all.
+func (s *sqlStore) PlaceUnplaced(ctx context.Context, nodeID string) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.d.bind(`UPDATE sandboxes SET node_id = ? WHERE node_id = ''`), nodeID)
+	if err != nil {
+		return 0, fmt.Errorf("place sandboxes without a node on %s: %w", nodeID, err)
+	}
+	return res.RowsAffected()
+}
+
 func (s *sqlStore) execOne(ctx context.Context, what, query string, args ...any) error {
 	res, err := s.db.ExecContext(ctx, s.d.bind(query), args...)
 	if err != nil {

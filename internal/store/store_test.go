@@ -501,3 +501,33 @@ func TestVerifyKeyDoesNotWriteWhenRecentlyUsed(t *testing.T) {
 		t.Fatalf("VerifyKey waited %v for the write lock", d)
 	}
 }
+
+func TestPlaceUnplaced(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		s, _ := openTest(t, b)
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		placed := testSandbox("placed", now, nil)
+		placed.NodeID = "n1"
+		for _, sb := range []Sandbox{testSandbox("old1", now, nil), testSandbox("old2", now, nil), placed} {
+			if err := s.CreateSandbox(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := s.(interface {
+			PlaceUnplaced(context.Context, string) (int64, error)
+		})
+		n, err := p.PlaceUnplaced(ctx, "local")
+		if err != nil || n != 2 {
+			t.Fatalf("PlaceUnplaced = %d, %v; want 2 sandboxes placed", n, err)
+		}
+		for id, want := range map[string]string{"old1": "local", "old2": "local", "placed": "n1"} {
+			if got, _ := s.GetSandbox(ctx, id); got.NodeID != want {
+				t.Errorf("sandbox %s on node %q, want %q", id, got.NodeID, want)
+			}
+		}
+		if n, err := p.PlaceUnplaced(ctx, "local"); err != nil || n != 0 {
+			t.Fatalf("second PlaceUnplaced = %d, %v; want 0", n, err)
+		}
+	})
+}

@@ -13,7 +13,10 @@ import (
 	"github.com/cube-dev/cube/internal/version"
 )
 
-// Files in a sandbox state dir written by the shim and its supervisor.
+// Files in a sandbox state dir. The records and the API types below are
+// this package's: the supervisor writes shim.json and exit.json and serves
+// State; the agent's side (package shim's Client, nsrt.Sandbox, the
+// cubelet) reads them by these names, with no aliases.
 const (
 	InfoFile   = "shim.json" // Info, written once the sandbox is ready
 	ExitFile   = "exit.json" // ExitStatus, written when init has exited
@@ -29,7 +32,8 @@ const SchemaVersion = 1
 // link time like every Cube binary's (-X .../internal/version.Version=...).
 var Version = version.Version
 
-// Info is the shim's address record (shim.json).
+// Info is the supervisor's address record (shim.json; the file keeps the
+// name it had when the shim itself served the API).
 type Info struct {
 	Schema    int       `json:"schema"`
 	PID       int       `json:"pid"`
@@ -39,7 +43,10 @@ type Info struct {
 	StartedAt time.Time `json:"startedAt"`
 }
 
-// State is the live view of a shim and its sandbox (GET /state).
+// State is the live state of a sandbox as its supervisor serves it (GET
+// /state), and the one type for it: shim.Client and nsrt.Sandbox return
+// it. The lifecycle of a sandbox's records (nodestore's creating, running,
+// deleting, pooled; the control plane's store states) is another thing.
 type State struct {
 	ShimPID   int       `json:"shimPid"`
 	InitPID   int       `json:"initPid"`

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,25 +25,45 @@ import (
 	"github.com/cube-dev/cube/internal/rootfstest"
 )
 
-var binDir string
+// binDir holds cube, envd and the runtime binaries, built on first use by
+// needBins.
+var (
+	binDir   string
+	buildMu  sync.Mutex
+	buildErr error
+)
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("cluster tests need root; skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "cube-cluster-bin-")
-	if err != nil {
-		panic(err)
-	}
-	binDir = dir
-	if err := proctest.Build(dir); err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
+}
+
+// needBins skips t unless it runs as root and builds the binaries on first
+// use.
+func needBins(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs cubelets, which create network namespaces, nftables tables and cgroups")
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if binDir == "" && buildErr == nil {
+		dir, err := os.MkdirTemp("", "cube-cluster-bin-")
+		if err == nil {
+			if err = proctest.Build(dir); err == nil {
+				binDir = dir
+			} else {
+				os.RemoveAll(dir)
+			}
+		}
+		buildErr = err
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
 }
 
 func randHex(n int) string { return proctest.RandHex(n) }
@@ -77,6 +98,7 @@ type nodeProc struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
+	needBins(t)
 	c := &cluster{t: t, dir: t.TempDir(), key: "cube_test_" + randHex(8), nodes: map[string]*nodeProc{}}
 	port := freePort(t)
 	c.url = fmt.Sprintf("http://127.0.0.1:%d", port)

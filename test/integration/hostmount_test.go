@@ -54,6 +54,7 @@ const (
 
 func buildRuntime(t *testing.T) {
 	t.Helper()
+	needBins(t)
 	runtimeBins.once.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")

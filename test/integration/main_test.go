@@ -9,56 +9,35 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
 
-// bins holds the binaries built once per run, and hostNS a pin of the
-// test's own (host) network namespace. Tests cannot name it by
+// bins holds the binaries, built on first use by needBins, and hostNS a pin
+// of the test's own (host) network namespace. Tests cannot name it by
 // /proc/<pid>/ns/net: that follows the main thread, which the Go runtime may
 // lend to a goroutine that is locked into a Pod netns.
 var bins struct {
+	once                    sync.Once
+	err                     error
 	dir, cube, envd, hostNS string
 }
 
+// TestMain pins the host netns before any test can switch a thread (root
+// only: a bind mount); as another user every test skips in needBins.
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("integration tests need root (namespaces, nftables, cgroups); skipping")
-		os.Exit(0)
-	}
-	if _, err := os.Stat("/bin/sh"); err != nil {
-		fmt.Println("no /bin/sh; skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "cube-it-bin-")
-	if err != nil {
-		panic(err)
-	}
-	bins.dir = dir
-	bins.hostNS = filepath.Join(dir, "hostns")
-	if err := pinHostNS(bins.hostNS); err != nil {
-		fmt.Printf("pin host netns: %v\n", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	bins.cube = filepath.Join(dir, "cube")
-	bins.envd = filepath.Join(dir, "envd")
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	for _, b := range []struct {
-		out, pkg string
-		env      []string
-	}{
-		{bins.cube, "./cmd/cube", nil},
-		{bins.envd, "./cmd/envd", []string{"CGO_ENABLED=0"}},
-	} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), b.env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("build %s: %v\n%s", b.pkg, err, out)
-			unpinNS(bins.hostNS)
+	if os.Geteuid() == 0 {
+		dir, err := os.MkdirTemp("", "cube-it-bin-")
+		if err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		bins.dir = dir
+		bins.hostNS = filepath.Join(dir, "hostns")
+		if err := pinHostNS(bins.hostNS); err != nil {
+			fmt.Printf("pin host netns: %v\n", err)
 			os.RemoveAll(dir)
 			os.Exit(1)
 		}
@@ -67,9 +46,47 @@ func TestMain(m *testing.M) {
 		os.Setenv("CUBE_CACHE_DIR", "/var/cache/cube")
 	}
 	code := m.Run()
-	unpinNS(bins.hostNS)
-	os.RemoveAll(dir)
+	if bins.dir != "" {
+		unpinNS(bins.hostNS)
+		os.RemoveAll(bins.dir)
+	}
 	os.Exit(code)
+}
+
+// needBins skips t unless it runs as root with /bin/sh, and builds cube and
+// envd from this tree on first use.
+func needBins(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs cube, which creates namespaces, nftables tables and cgroups")
+	}
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skipf("needs /bin/sh: %v", err)
+	}
+	bins.once.Do(func() {
+		bins.cube = filepath.Join(bins.dir, "cube")
+		bins.envd = filepath.Join(bins.dir, "envd")
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		for _, b := range []struct {
+			out, pkg string
+			env      []string
+		}{
+			{bins.cube, "./cmd/cube", nil},
+			{bins.envd, "./cmd/envd", []string{"CGO_ENABLED=0"}},
+		} {
+			cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), b.env...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				bins.err = fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if bins.err != nil {
+		t.Fatal(bins.err)
+	}
 }
 
 // pinHostNS bind-mounts this thread's network namespace (the host's: no

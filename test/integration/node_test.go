@@ -63,6 +63,7 @@ type node struct {
 // whatever is left (sandboxes, dataplane, cgroups, temp dir).
 func newNode(t *testing.T) *node {
 	t.Helper()
+	needBins(t)
 	dir, err := os.MkdirTemp("", "cit-")
 	if err != nil {
 		t.Fatal(err)

@@ -20,40 +20,59 @@ var (
 	binDir   string
 	repoRoot string
 
-	buildMu sync.Mutex
-	built   = map[string]string{} // version ("" = default) -> cube binary
+	buildMu  sync.Mutex
+	built    = map[string]string{} // version ("" = default) -> cube binary
+	buildErr error                 // of the first build, kept for every later test
 )
 
 func TestMain(m *testing.M) {
+	_, file, _, _ := runtime.Caller(0)
+	repoRoot = filepath.Join(filepath.Dir(file), "..", "..")
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// needBins skips t unless it runs as root with ip and nsenter, and builds
+// envd and the default cube binary into binDir on first use.
+func needBins(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		fmt.Println("multihost tests need root; skipping")
-		os.Exit(0)
+		t.Skip("needs root: creates network namespaces, a bridge, nftables tables and cgroups")
 	}
 	for _, tool := range []string{"ip", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			fmt.Printf("multihost tests need %s: %v\n", tool, err)
-			os.Exit(1)
+			t.Fatalf("multihost tests need %s: %v", tool, err)
 		}
 	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if binDir == "" && buildErr == nil {
+		buildErr = buildDefault()
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+}
+
+func buildDefault() error {
 	dir, err := os.MkdirTemp("", "cube-mh-bin-")
 	if err != nil {
-		panic(err)
+		return err
 	}
-	binDir = dir
-	_, file, _, _ := runtime.Caller(0)
-	repoRoot = filepath.Join(filepath.Dir(file), "..", "..")
 	if err := goBuild(filepath.Join(dir, "envd"), "./cmd/envd", "0", ""); err != nil {
-		fmt.Println(err)
-		os.Exit(1)
+		os.RemoveAll(dir)
+		return err
 	}
 	if err := goBuild(filepath.Join(dir, "cube"), "./cmd/cube", "1", ""); err != nil {
-		fmt.Println(err)
-		os.Exit(1)
+		os.RemoveAll(dir)
+		return err
 	}
+	binDir = dir
 	built[""] = filepath.Join(dir, "cube")
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return nil
 }
 
 func goBuild(out, pkg, cgo, version string) error {
@@ -75,6 +94,7 @@ func goBuild(out, pkg, cgo, version string) error {
 // cubelets find envd without --envd too.
 func cubeBinary(t *testing.T, version string) string {
 	t.Helper()
+	needBins(t)
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if p, ok := built[version]; ok {

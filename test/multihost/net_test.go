@@ -27,6 +27,7 @@ type topo struct {
 
 func newTopo(t *testing.T) *topo {
 	t.Helper()
+	needBins(t)
 	out, err := exec.Command("ip", "-o", "-4", "route", "show", "table", "all").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ip route: %v %s", err, out)

@@ -50,7 +50,7 @@ func runSuite(t *testing.T, ha bool) {
 	}
 	srv := c.addServer("srv", 1)
 	if ha {
-		// Let srv win both locks (reaper, cluster health) before the
+		// Let srv win both locks (TTL expiry, cluster health) before the
 		// follower starts, so the test knows whom to kill.
 		c.waitFor("srv to lead", 30*time.Second, func() bool {
 			return strings.Count(srv.p.logText(), "leadership acquired") >= 2
@@ -233,8 +233,8 @@ func runSuite(t *testing.T, ha bool) {
 }
 
 // leaderHandover kills the leading server mid-run. The other replica must
-// take over the TTL reaper within the handover bound (a sandbox that expires
-// right after the kill is reaped on its node) and lose no record; node
+// take over the TTL expiry loop within the handover bound (a sandbox that
+// expires right after the kill is killed on its node) and lose no record; node
 // health is checked by the Down detection that follows.
 func leaderHandover(t *testing.T, c *cluster, alive map[string]bool) {
 	n3 := c.nodes["n3"]
@@ -246,13 +246,13 @@ func leaderHandover(t *testing.T, c *cluster, alive map[string]bool) {
 	killedAt := time.Now()
 	leader.p.kill(syscall.SIGKILL)
 	c.url = follower.url
-	c.waitFor("the new leader to reap the expired sandbox", handover+5*time.Second, func() bool {
+	c.waitFor("the new leader to kill the expired sandbox", handover+5*time.Second, func() bool {
 		return c.sandboxCode(short) == http.StatusNotFound && !n3.local()[short]
 	})
 	took := time.Since(killedAt)
-	t.Logf("leader killed; expired sandbox reaped by %s %s later", follower.name, took.Round(time.Millisecond))
+	t.Logf("leader killed; expired sandbox killed by %s %s later", follower.name, took.Round(time.Millisecond))
 	if took > handover {
-		t.Errorf("handover: reaped %s after the leader was killed, want within %s", took, handover)
+		t.Errorf("handover: expired sandbox killed %s after the leader was killed, want within %s", took, handover)
 	}
 	if !strings.Contains(follower.p.logText(), "leadership acquired") {
 		t.Errorf("%s never logged leadership acquired", follower.name)

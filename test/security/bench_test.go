@@ -19,6 +19,7 @@ import (
 // (CUBE_BENCH_EXE=bin/cube-shim runs the production binary as shim and
 // sandbox-init instead of the test binary).
 func BenchmarkStart(b *testing.B) {
+	needRoot(b)
 	for _, c := range []struct {
 		name   string
 		diskMB int

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,39 +26,62 @@ import (
 	"github.com/cube-dev/cube/internal/nsrt"
 )
 
-// probePath is the static probe binary, built once by TestMain.
-var probePath string
+// probe is the static probe binary, built on first use by probeBinary.
+var probe struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
 
 // TestMain lets the test binary play `cube shim`, `cube sandbox-init` and
-// `cube supervise`, builds the probe, and runs the tests under a reaping parent (the shims
-// are detached and this machine's pid 1 does not reap).
+// `cube supervise`, and runs the tests under a reaping parent (the shims are
+// detached and this machine's pid 1 does not reap).
 func TestMain(m *testing.M) {
 	if code, ok := nsrt.Dispatch(os.Args[1:]); ok {
 		os.Exit(code)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Println("test/security: skipped, needs root")
-		os.Exit(0)
-	}
 	if os.Getenv(reapedEnv) == "" {
 		os.Exit(runUnderReaper())
 	}
-	dir, err := os.MkdirTemp("", "cube-probe-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	probePath = filepath.Join(dir, "probe")
-	build := exec.Command("go", "build", "-o", probePath, "./probe")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build probe: %v: %s\n", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	if probe.dir != "" {
+		os.RemoveAll(probe.dir)
+	}
 	os.Exit(code)
+}
+
+// needRoot skips t unless it runs as root: sandboxes need namespaces,
+// cgroups and mounts.
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: starts sandboxes (namespaces, cgroups, mounts)")
+	}
+}
+
+// probeBinary builds ./probe (static) on first use.
+func probeBinary(t testing.TB) string {
+	t.Helper()
+	probe.once.Do(func() {
+		dir, err := os.MkdirTemp("", "cube-probe-")
+		if err != nil {
+			probe.err = err
+			return
+		}
+		probe.dir = dir
+		path := filepath.Join(dir, "probe")
+		build := exec.Command("go", "build", "-o", path, "./probe")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			probe.err = fmt.Errorf("build probe: %w: %s", err, out)
+			return
+		}
+		probe.path = path
+	})
+	if probe.err != nil {
+		t.Fatal(probe.err)
+	}
+	return probe.path
 }
 
 const reapedEnv = "CUBE_SECURITY_TEST_UNDER_REAPER"
@@ -114,6 +138,7 @@ func randHex(t *testing.T) string {
 type world struct {
 	t      *testing.T
 	exe    string
+	probe  string // the probe binary, bound at /bin/probe
 	base   string
 	rootfs string
 	shared string // bound read-write on /shared in every sandbox
@@ -122,6 +147,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	needRoot(t)
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		t.Skip("needs /bin/busybox")
 	}
@@ -130,7 +156,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	base := t.TempDir()
-	w := &world{t: t, exe: exe, base: base, rootfs: filepath.Join(base, "template"),
+	w := &world{t: t, exe: exe, probe: probeBinary(t), base: base, rootfs: filepath.Join(base, "template"),
 		shared: filepath.Join(base, "shared"), parent: "cube-sec-" + randHex(t)}
 	buildRootfs(t, w.rootfs)
 	if err := os.Mkdir(w.shared, 0o777); err != nil {
@@ -195,7 +221,7 @@ func (w *world) start(ctx context.Context, script string, res cgroup.Resources, 
 		ID: id, StateDir: stateDir, Rootfs: w.rootfs,
 		Args: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/bin", "HOME=/root"},
 		Binds: []nsrt.Bind{
-			{Source: probePath, Target: "/bin/probe", ReadOnly: true},
+			{Source: w.probe, Target: "/bin/probe", ReadOnly: true},
 			{Source: w.shared, Target: "/shared"},
 		},
 		Resources: res, CgroupParent: w.parent, ReadyTimeout: 10 * time.Second, DiskSizeMB: diskMB,

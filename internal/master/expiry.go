@@ -9,44 +9,50 @@ import (
 	"github.com/cube-dev/cube/internal/store"
 )
 
-// reapRetry is how long the reaper waits before retrying a sandbox whose
-// kill/pause failed, or the store after an error.
-const reapRetry = 5 * time.Second
+// The expiry loop is the master's TTL job: it kills (or, with auto-pause,
+// pauses) every running sandbox whose endAt has passed. (The sandbox's pid
+// 1, cube-reaper, and the cubelet's sweep of dead sandboxes are other
+// jobs.)
 
-// sharedReapPoll bounds the reaper's sleep when other replicas share the
-// store (Config.Elector set).
-const sharedReapPoll = time.Second
+// expiryRetry is how long the expiry loop waits before retrying a sandbox
+// whose kill/pause failed, or the store after an error.
+const expiryRetry = 5 * time.Second
 
-// runReaper runs the TTL loop, with an elector only while this replica leads.
-func (m *Master) runReaper(ctx context.Context) {
+// sharedExpiryPoll bounds the expiry loop's sleep when other replicas
+// share the store (Config.Elector set).
+const sharedExpiryPoll = time.Second
+
+// runExpiry runs the expiry loop, with an elector only while this replica
+// leads.
+func (m *Master) runExpiry(ctx context.Context) {
 	defer close(m.done)
 	if m.cfg.Elector == nil {
-		m.reapLoop(ctx)
+		m.expiryLoop(ctx)
 		return
 	}
 	err := leader.Run(ctx, m.cfg.Elector, func(ctx context.Context) error {
-		m.log.Info("reaper leads")
-		m.reapLoop(ctx)
+		m.log.Info("expiry loop leads")
+		m.expiryLoop(ctx)
 		if cause := context.Cause(ctx); errors.Is(cause, leader.ErrLost) {
-			m.log.Warn("reaper stopped: leadership lost", "err", cause)
+			m.log.Warn("expiry loop stopped: leadership lost", "err", cause)
 		}
 		return nil
 	})
 	if err != nil {
-		m.log.Error("reaper: leader election failed; this replica will not reap", "err", err)
+		m.log.Error("expiry: leader election failed; this replica will not expire sandboxes", "err", err)
 	}
 }
 
-// reapLoop is the TTL loop: one timer armed on the earliest endAt of a
+// expiryLoop is the TTL loop: one timer armed on the earliest endAt of a
 // running sandbox, re-armed whenever rearm is called.
-func (m *Master) reapLoop(ctx context.Context) {
+func (m *Master) expiryLoop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	backoff := map[string]time.Time{}
 	for {
-		wake := m.reapOnce(ctx, backoff)
-		if poll := time.Now().Add(sharedReapPoll); m.cfg.Elector != nil && (wake.IsZero() || wake.After(poll)) {
+		wake := m.expireDue(ctx, backoff)
+		if poll := time.Now().Add(sharedExpiryPoll); m.cfg.Elector != nil && (wake.IsZero() || wake.After(poll)) {
 			wake = poll
 		}
 		if !wake.IsZero() {
@@ -62,16 +68,16 @@ func (m *Master) reapLoop(ctx context.Context) {
 	}
 }
 
-// reapOnce handles every expired sandbox and returns when to wake next (zero
-// = nothing scheduled).
-func (m *Master) reapOnce(ctx context.Context, backoff map[string]time.Time) time.Time {
+// expireDue handles every expired sandbox and returns when to wake next
+// (zero = nothing scheduled).
+func (m *Master) expireDue(ctx context.Context, backoff map[string]time.Time) time.Time {
 	now := time.Now()
 	expired, err := m.store.ExpiredSandboxes(ctx, now)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.log.Error("reaper: list expired sandboxes", "err", err)
+			m.log.Error("expiry: list expired sandboxes", "err", err)
 		}
-		return now.Add(reapRetry)
+		return now.Add(expiryRetry)
 	}
 	var wake time.Time
 	earlier := func(t time.Time) {
@@ -90,8 +96,8 @@ func (m *Master) reapOnce(ctx context.Context, backoff map[string]time.Time) tim
 			if ctx.Err() != nil {
 				return time.Time{}
 			}
-			m.log.Error("reaper: expire sandbox", "sandbox", sb.ID, "err", err)
-			backoff[sb.ID] = now.Add(reapRetry)
+			m.log.Error("expiry: expire sandbox", "sandbox", sb.ID, "err", err)
+			backoff[sb.ID] = now.Add(expiryRetry)
 			earlier(backoff[sb.ID])
 			continue
 		}
@@ -106,9 +112,9 @@ func (m *Master) reapOnce(ctx context.Context, backoff map[string]time.Time) tim
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			m.log.Error("reaper: next end", "err", err)
+			m.log.Error("expiry: next end", "err", err)
 		}
-		earlier(now.Add(reapRetry))
+		earlier(now.Add(expiryRetry))
 	case ok:
 		earlier(next)
 	}
