@@ -19,13 +19,14 @@ deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
 	@bash hack/deps.sh
 
 .PHONY: build
-build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-supervisor and bin/cube-reaper.
+build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-supervisor, bin/cube-reaper and bin/cube-interp.
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/cube ./cmd/cube
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-shim ./cmd/cube-shim
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-supervisor ./cmd/cube-supervisor
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-reaper ./cmd/cube-reaper
+	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-interp ./cmd/cube-interp
 
 IMAGES_OUT ?= out/images
 .PHONY: images

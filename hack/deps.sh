@@ -12,8 +12,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # hack/kubelocal): the container runtime, the pod network's CNI plugins, the
 # packet filter kube-proxy programs, conntrack for its cleanup, and
 # nsenter/mount for teardown.
+# python3-ipykernel .. python3-matplotlib: internal/interp's tests run the
+# code-interpreter server against real Jupyter kernels on this machine.
 APT_PACKAGES=(iproute2 nftables debootstrap busybox-static psmisc ca-certificates procps e2fsprogs postgresql
-	containerd runc containernetworking-plugins iptables conntrack util-linux)
+	containerd runc containernetworking-plugins iptables conntrack util-linux
+	python3-ipykernel python3-numpy python3-pandas python3-matplotlib)
 E2E_DIR="$ROOT/test/e2e"
 
 die() {

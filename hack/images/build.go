@@ -35,6 +35,7 @@ var Binaries = map[string]string{
 	"cube-shim":       "github.com/cube-dev/cube/cmd/cube-shim",
 	"cube-supervisor": "github.com/cube-dev/cube/cmd/cube-supervisor",
 	"cube-reaper":     "github.com/cube-dev/cube/cmd/cube-reaper",
+	"cube-interp":     "github.com/cube-dev/cube/cmd/cube-interp",
 }
 
 // Spec describes one image: the Debian packages of its base, which binary
@@ -86,13 +87,16 @@ func Specs(ver string) []Spec {
 				"/usr/local/bin/cube-shim":       "cube-shim",
 				"/usr/local/bin/cube-supervisor": "cube-supervisor",
 				"/usr/local/bin/cube-reaper":     "cube-reaper",
+				"/usr/local/bin/cube-interp":     "cube-interp",
 			},
 			Entrypoint: cube, Cmd: []string{"cubelet"},
 			Env: env, WorkingDir: "/var/lib/cube", Labels: labels("cubelet"),
 		},
 		{
 			// The installer copies /opt/cube/artifacts to the host
-			// (cube kube install-artifacts).
+			// (cube kube install-artifacts). The cubelet binds cube-interp
+			// into code-interpreter sandboxes from next to envd, so it goes
+			// wherever envd goes (TestInterpNextToEnvd).
 			Name: "installer",
 			Files: map[string]string{
 				"/usr/local/bin/cube":                 "cube",
@@ -100,6 +104,7 @@ func Specs(ver string) []Spec {
 				"/opt/cube/artifacts/cube-shim":       "cube-shim",
 				"/opt/cube/artifacts/cube-supervisor": "cube-supervisor",
 				"/opt/cube/artifacts/cube-reaper":     "cube-reaper",
+				"/opt/cube/artifacts/cube-interp":     "cube-interp",
 			},
 			Entrypoint: cube, Cmd: []string{"kube", "install-artifacts", "--hold"},
 			Env: env, WorkingDir: "/", Labels: labels("cube-installer"),

@@ -2,7 +2,9 @@ package main
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -45,7 +47,7 @@ func TestMain(m *testing.M) {
 func buildAll(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds cube, envd, cube-shim, cube-supervisor and cube-reaper and debootstraps Debian (minutes when cold)")
+		t.Skip("builds cube, envd, cube-shim, cube-supervisor, cube-reaper and cube-interp and debootstraps Debian (minutes when cold)")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: debootstrap makes the Debian base (run `make images` as root)")
@@ -237,6 +239,17 @@ func checkFiles(t *testing.T, img v1.Image, spec Spec) {
 		}
 		if h.Size < 1<<20 {
 			t.Errorf("%s: %d bytes, not a built binary", p, h.Size)
+		}
+		// Static: envd, cube-reaper and cube-interp run inside sandboxes
+		// whose rootfs need not have a loader or libc.
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f, err := elf.NewFile(bytes.NewReader(data)); err != nil {
+			t.Errorf("%s: not an ELF binary: %v", p, err)
+		} else if slices.ContainsFunc(f.Progs, func(pr *elf.Prog) bool { return pr.Type == elf.PT_INTERP }) {
+			t.Errorf("%s: dynamically linked (has an ELF interpreter), want CGO_ENABLED=0", p)
 		}
 		if !h.ModTime.Equal(epoch) {
 			t.Errorf("%s: mtime %s, want %s", p, h.ModTime, epoch)

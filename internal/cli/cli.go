@@ -1,8 +1,8 @@
 // Package cli is Cube's command line: cobra commands that turn flags (with
 // environment variables as their defaults, see env.go) into configuration
-// and call the roles in internal/app and the operations of other packages
+// and call the roles in internal/roles and the operations of other packages
 // (internal/nodeops for work on a node outside its cubelet). Wiring is
-// written out here and in internal/app, never in init().
+// written out here and in internal/roles, never in init().
 package cli
 
 import (
@@ -15,19 +15,19 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cube-dev/cube/internal/app"
+	"github.com/cube-dev/cube/internal/roles"
 )
 
-// roles are the long-running roles commands end in. Tests replace them to
+// runners start the long-running roles commands end in. Tests replace them to
 // see the configuration a command would start with, without starting it.
-type roles struct {
-	allInOne func(context.Context, app.AllInOneConfig) error
-	server   func(context.Context, app.ServerConfig) error
-	cubelet  func(context.Context, app.CubeletConfig) error
+type runners struct {
+	allInOne func(context.Context, roles.AllInOneConfig) error
+	server   func(context.Context, roles.ServerConfig) error
+	cubelet  func(context.Context, roles.CubeletConfig) error
 }
 
-func defaultRoles() roles {
-	return roles{allInOne: app.RunAllInOne, server: app.RunServer, cubelet: app.RunCubelet}
+func defaultRunners() runners {
+	return runners{allInOne: roles.RunAllInOne, server: roles.RunServer, cubelet: roles.RunCubelet}
 }
 
 // Run executes `cube args...` and returns the process exit code: 0 on
@@ -35,10 +35,10 @@ func defaultRoles() roles {
 // (unknown command or flag, a malformed flag value or environment
 // variable, missing or extra arguments).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return run(ctx, args, stdout, stderr, defaultRoles())
+	return run(ctx, args, stdout, stderr, defaultRunners())
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, r roles) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, r runners) int {
 	root := newRoot(stdout, stderr, r)
 	root.SetArgs(normaliseArgs(root, args))
 	cmd, err := root.ExecuteContextC(ctx)
@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, r roles) 
 	return 1
 }
 
-func newRoot(stdout, stderr io.Writer, r roles) *cobra.Command {
+func newRoot(stdout, stderr io.Writer, r runners) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "cube",
 		Short: "Cube: an E2B-compatible sandbox platform in one binary",

@@ -86,7 +86,7 @@ func allCommands(c *cobra.Command) []*cobra.Command {
 // usage and names the environment variable of every bound flag.
 func TestHelpEveryCommand(t *testing.T) {
 	clearEnv(t)
-	root := newRoot(nil, nil, roles{})
+	root := newRoot(nil, nil, runners{})
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	n := 0
@@ -144,7 +144,7 @@ func TestCompletion(t *testing.T) {
 }
 
 func TestNormaliseArgs(t *testing.T) {
-	root := newRoot(nil, nil, roles{})
+	root := newRoot(nil, nil, runners{})
 	for _, tc := range []struct{ in, want []string }{
 		{[]string{"up", "-listen", "x", "-data-dir=/d", "-h"}, []string{"up", "--listen", "x", "--data-dir=/d", "-h"}},
 		{[]string{"up", "--create-parallelism", "-1"}, []string{"up", "--create-parallelism", "-1"}},

@@ -15,15 +15,15 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/roles"
 )
 
 // clearEnv unsets, for this test, every variable a flag is bound to, so
 // the machine's environment does not leak into what the test expects.
 func clearEnv(t *testing.T) {
 	t.Helper()
-	root := newRoot(nil, nil, roles{})
+	root := newRoot(nil, nil, runners{})
 	for _, c := range allCommands(root) {
 		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
 			for _, env := range f.Annotations[envAnnotation] {
@@ -38,19 +38,23 @@ func clearEnv(t *testing.T) {
 type captured struct {
 	code         int
 	stderr       string
-	allInOne     *app.AllInOneConfig
-	server       *app.ServerConfig
-	cubelet      *app.CubeletConfig
+	allInOne     *roles.AllInOneConfig
+	server       *roles.ServerConfig
+	cubelet      *roles.CubeletConfig
 	startedRoles int
 }
 
 func capture(t *testing.T, args ...string) captured {
 	t.Helper()
 	var c captured
-	r := roles{
-		allInOne: func(_ context.Context, cfg app.AllInOneConfig) error { c.allInOne = &cfg; c.startedRoles++; return nil },
-		server:   func(_ context.Context, cfg app.ServerConfig) error { c.server = &cfg; c.startedRoles++; return nil },
-		cubelet:  func(_ context.Context, cfg app.CubeletConfig) error { c.cubelet = &cfg; c.startedRoles++; return nil },
+	r := runners{
+		allInOne: func(_ context.Context, cfg roles.AllInOneConfig) error {
+			c.allInOne = &cfg
+			c.startedRoles++
+			return nil
+		},
+		server:  func(_ context.Context, cfg roles.ServerConfig) error { c.server = &cfg; c.startedRoles++; return nil },
+		cubelet: func(_ context.Context, cfg roles.CubeletConfig) error { c.cubelet = &cfg; c.startedRoles++; return nil },
 	}
 	var out, errOut bytes.Buffer
 	c.code = run(context.Background(), args, &out, &errOut, r)

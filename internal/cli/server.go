@@ -11,15 +11,15 @@ import (
 	"github.com/spf13/cobra"
 
 	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
-	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/roles"
 )
 
 // serverRoles are the roles `cube server --roles` may name.
 var serverRoles = []string{"api", "master", "proxy"}
 
-func newServerCmd(r roles) *cobra.Command {
-	var cfg app.ServerConfig
+func newServerCmd(r runners) *cobra.Command {
+	var cfg roles.ServerConfig
 	var logLevel slog.Level
 	cfg.Roles = append([]string(nil), serverRoles...)
 	c := &cobra.Command{
@@ -52,9 +52,9 @@ Several replicas may share one PostgreSQL store (--db postgres://...).`,
 		typ: "roles",
 		get: func() string { return strings.Join(cfg.Roles, ",") },
 		set: func(s string) error {
-			roles, err := parseRoles(s)
+			rs, err := parseRoles(s)
 			if err == nil {
-				cfg.Roles = roles
+				cfg.Roles = rs
 			}
 			return err
 		},
@@ -89,8 +89,8 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-func newCubeletCmd(r roles) *cobra.Command {
-	cfg := app.CubeletConfig{Network: cubevs.DefaultConfig()}
+func newCubeletCmd(r runners) *cobra.Command {
+	cfg := roles.CubeletConfig{Network: cubevs.DefaultConfig()}
 	host, _ := os.Hostname()
 	var servers string
 	var maxSBX, maxCreates, cpus int
@@ -122,7 +122,7 @@ create and manage this node's sandboxes.`,
 			if err != nil {
 				return err
 			}
-			cfg.Exe = app.ShimBinary(exe)
+			cfg.Exe = roles.ShimBinary(exe)
 			if cfg.EnvdPath == "" {
 				cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 			}

@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -11,8 +12,8 @@ import (
 )
 
 func newTemplateCmd() *cobra.Command {
-	return group("template", "manage templates: create NAME --from-dir DIR | --from-tar FILE, ls, rm",
-		newTemplateCreateCmd(), newTemplateLsCmd(), newTemplateRmCmd())
+	return group("template", "manage templates: create NAME --from-dir DIR | --from-tar FILE | --from-image REF | --from-oci PATH, ls, inspect, rm",
+		newTemplateCreateCmd(), newTemplateLsCmd(), newTemplateInspectCmd(), newTemplateRmCmd())
 }
 
 // addDataDirFlag registers --data-dir (env CUBE_DATA_DIR).
@@ -22,34 +23,80 @@ func addDataDirFlag(c *cobra.Command, dir *string) {
 }
 
 func newTemplateCreateCmd() *cobra.Command {
-	var dataDir, fromDir, fromTar string
-	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE"
+	var dataDir, fromDir, fromTar, fromImage, fromOCI string
+	var insecure bool
+	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE | --from-image REF [--insecure-registry] | --from-oci DIR|TAR"
 	c := &cobra.Command{
-		Use:   "create NAME (--from-dir DIR | --from-tar FILE)",
-		Short: "register a root filesystem (a directory or a .tar/.tar.gz) as template NAME",
-		Args:  exactArgs(1, usage),
+		Use:   "create NAME (--from-dir DIR | --from-tar FILE | --from-image REF | --from-oci DIR|TAR)",
+		Short: "register a root filesystem (a directory, a .tar/.tar.gz, or a container image) as template NAME",
+		Long: `Register template NAME from one source:
+  --from-dir DIR     a root filesystem directory
+  --from-tar FILE    a root filesystem tarball (.tar or .tar.gz)
+  --from-image REF   a container image in a registry (docker config credentials; the host's platform)
+  --from-oci PATH    an OCI image layout directory, or a docker save / OCI archive tarball
+An image's Env, WorkingDir and USER become the defaults of its sandboxes' processes;
+see docs/templates.md.`,
+		Args: exactArgs(1, usage),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if (fromDir == "") == (fromTar == "") {
+			n := 0
+			for _, s := range []string{fromDir, fromTar, fromImage, fromOCI} {
+				if s != "" {
+					n++
+				}
+			}
+			if n != 1 || (insecure && fromImage == "") {
 				return usageError{usage}
 			}
 			reg := template.NewRegistry(dataDir)
 			var t template.Template
 			var err error
-			if fromDir != "" {
+			switch {
+			case fromDir != "":
 				t, err = reg.ImportDir(cmd.Context(), args[0], fromDir)
-			} else {
+			case fromTar != "":
 				t, err = reg.ImportTar(cmd.Context(), args[0], fromTar)
+			case fromImage != "":
+				t, err = reg.ImportImage(cmd.Context(), args[0], template.ImageSource{Ref: fromImage, InsecureRegistry: insecure, Progress: cmd.ErrOrStderr()})
+			default:
+				t, err = reg.ImportImage(cmd.Context(), args[0], template.ImageSource{Path: fromOCI, Progress: cmd.ErrOrStderr()})
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "template %s registered (%s)\n", t.Name, t.Digest)
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "template %s registered (%s)\n", t.Name, t.Digest)
+			if d := t.Defaults; d != nil && d.ImageUser != "" && d.User == "" {
+				fmt.Fprintf(out, "note: the image's USER %q has no entry in its /etc/passwd; processes run as %q unless a request names a user\n", d.ImageUser, template.UserName)
+			}
 			return nil
 		},
 	}
 	addDataDirFlag(c, &dataDir)
 	c.Flags().StringVar(&fromDir, "from-dir", "", "register a root filesystem directory")
 	c.Flags().StringVar(&fromTar, "from-tar", "", "register a root filesystem tarball (.tar or .tar.gz)")
+	c.Flags().StringVar(&fromImage, "from-image", "", "register a container image from a registry (e.g. docker.io/library/alpine:3.20)")
+	c.Flags().StringVar(&fromOCI, "from-oci", "", "register a container image from an OCI layout directory or a docker save / OCI archive tarball")
+	c.Flags().BoolVar(&insecure, "insecure-registry", false, "allow plain HTTP to the --from-image registry")
+	return c
+}
+
+func newTemplateInspectCmd() *cobra.Command {
+	var dataDir string
+	c := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "print template NAME's metadata as JSON (incl. an image's defaults)",
+		Args:  exactArgs(1, "usage: cube template inspect NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			t, err := template.NewRegistry(dataDir).Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(t)
+		},
+	}
+	addDataDirFlag(c, &dataDir)
 	return c
 }
 
@@ -72,9 +119,9 @@ func newTemplateLsCmd() *cobra.Command {
 				return enc.Encode(ts)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCPU\tMEMORY_MB\tDISK_MB\tSOURCE\tCREATED")
+			fmt.Fprintln(tw, "NAME\tCPU\tMEMORY_MB\tDISK_MB\tSOURCE\tCREATED\tDEFAULTS")
 			for _, t := range ts {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", t.Name, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.Source, t.CreatedAt.Format("2006-01-02 15:04"))
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.Source, t.CreatedAt.Format("2006-01-02 15:04"), defaultsSummary(t.Defaults))
 			}
 			return tw.Flush()
 		},
@@ -96,4 +143,31 @@ func newTemplateRmCmd() *cobra.Command {
 	}
 	addDataDirFlag(c, &dataDir)
 	return c
+}
+
+// defaultsSummary is the DEFAULTS column of `template ls`: what an image
+// asks of its processes, or "-".
+func defaultsSummary(d *template.Defaults) string {
+	if d == nil {
+		return "-"
+	}
+	var parts []string
+	if d.User != "" {
+		parts = append(parts, "user="+d.User)
+	} else if d.ImageUser != "" {
+		parts = append(parts, "user="+d.ImageUser+"(unresolved)")
+	}
+	if d.Workdir != "" {
+		parts = append(parts, "workdir="+d.Workdir)
+	}
+	if len(d.Env) > 0 {
+		parts = append(parts, fmt.Sprintf("env=%d", len(d.Env)))
+	}
+	if len(d.Entrypoint)+len(d.Cmd) > 0 {
+		parts = append(parts, "cmd="+strings.Join(append(append([]string(nil), d.Entrypoint...), d.Cmd...), " "))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
 }

@@ -8,12 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/cube-dev/cube/internal/app"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/roles"
 )
 
-func newUpCmd(r roles) *cobra.Command {
-	cfg := app.AllInOneConfig{Network: cubevs.DefaultConfig()}
+func newUpCmd(r runners) *cobra.Command {
+	cfg := roles.AllInOneConfig{Network: cubevs.DefaultConfig()}
 	var logLevel slog.Level
 	var pprofAddr string
 	c := &cobra.Command{
@@ -33,7 +33,7 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 			if err != nil {
 				return err
 			}
-			cfg.Exe = app.ShimBinary(exe)
+			cfg.Exe = roles.ShimBinary(exe)
 			if cfg.EnvdPath == "" {
 				cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 			}
@@ -71,6 +71,8 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 	bindEnv(fs, "create-parallelism", "CUBE_CREATE_PARALLELISM")
 	addUserNSFlag(fs, &cfg.UserNS)
 	addHostMountNSFlag(fs, &cfg.HostMountNS)
+	fs.BoolVar(&cfg.PrebuildInterp, "prebuild-code-interpreter", true, "build template code-interpreter-v1 in the background after start (false: on its first create)")
+	bindEnv(fs, "prebuild-code-interpreter", "CUBE_PREBUILD_CODE_INTERPRETER")
 	cfg.RateLimits = addRateLimitFlags(fs)
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "cube", "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
 	bindEnv(fs, "cgroup-parent", "CUBE_CGROUP_PARENT")
@@ -88,7 +90,7 @@ func newDownCmd() *cobra.Command {
 		Short: "stop the all-in-one Cube running on a data dir",
 		Args:  noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			return app.StopAllInOne(dataDir, timeout)
+			return roles.StopAllInOne(dataDir, timeout)
 		},
 	}
 	c.Flags().StringVar(&dataDir, "data-dir", "/var/lib/cube", "data directory of the Cube to stop")

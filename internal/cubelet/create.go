@@ -14,6 +14,7 @@ import (
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/template"
 )
 
 // envdReadyTimeout bounds how long a create waits for envd to listen.
@@ -71,12 +72,8 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (Sandbox
 
 // runtimeSpec builds the namespace runtime's blueprint for one sandbox (or
 // pre-started pool slot), named by rec.Runtime(); its hostname is rec.ID.
-func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[string]string, rootfs, netnsPath string) (nsrt.Spec, error) {
-	envdCfg, err := json.Marshal(map[string]any{
-		"accessToken": token,
-		"envVars":     envVars,
-		"defaultUser": envdDefaultUser,
-	})
+func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[string]string, defaults *template.Defaults, rootfs, netnsPath string) (nsrt.Spec, error) {
+	envdCfg, err := json.Marshal(envdConfig(token, envVars, defaults))
 	if err != nil {
 		return nsrt.Spec{}, err
 	}
@@ -89,6 +86,9 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		return nsrt.Spec{}, err
 	}
 	args, reaper, binds := c.sandboxProcs(userns != nil)
+	if args, binds, err = c.withInterp(rootfs, args, binds); err != nil {
+		return nsrt.Spec{}, err
+	}
 	return nsrt.Spec{
 		ID:        rec.Runtime(),
 		StateDir:  dir,

@@ -142,7 +142,7 @@ func (b *build) removeDisk(context.Context) error {
 // returns once envd listens.
 func (b *build) launch(ctx context.Context) error {
 	c := b.c
-	spec, err := c.runtimeSpec(b.rec, b.token, b.envVars, b.tmpl.RootfsPath, b.netnsPath())
+	spec, err := c.runtimeSpec(b.rec, b.token, b.envVars, b.tmpl.Defaults, b.tmpl.RootfsPath, b.netnsPath())
 	if err != nil {
 		return err
 	}

@@ -96,19 +96,8 @@ func (r *Registry) fillBase(ctx context.Context, spec BaseSpec, rootfs string, p
 	mirror := DebianMirror()
 	source := fmt.Sprintf("debootstrap:%s variant=%s include=%s mirror=%s", spec.Suite, spec.Variant, strings.Join(spec.Packages, ","), mirror)
 
-	if _, err := os.Stat(cacheFile); err == nil {
-		fmt.Fprintf(progress, "cube: base template: using cached %s\n", cacheFile)
-		if err := extractTarFile(ctx, cacheFile, rootfs); err == nil {
-			return source + " (cached)", nil
-		} else if ctx.Err() != nil {
-			return "", err
-		} else {
-			fmt.Fprintf(progress, "cube: cache %s is unusable (%v); rebuilding\n", cacheFile, err)
-			_ = os.Remove(cacheFile)
-			if err := emptyDir(rootfs); err != nil {
-				return "", err
-			}
-		}
+	if cached, err := fillFromCache(ctx, cacheFile, rootfs, "base template", progress); err != nil || cached {
+		return source + " (cached)", err
 	}
 
 	start := time.Now()
@@ -358,4 +347,24 @@ func debianArch(goarch string) string {
 	default: // amd64, arm64, s390x, riscv64 share their names
 		return goarch
 	}
+}
+
+// fillFromCache fills rootfs from the cached tar of a built template, if
+// there is one (what names it in progress lines). An unusable cache file is
+// removed and rootfs emptied, so the caller builds afresh: cached is false.
+func fillFromCache(ctx context.Context, cacheFile, rootfs, what string, progress io.Writer) (cached bool, err error) {
+	if _, err := os.Stat(cacheFile); err != nil {
+		return false, nil
+	}
+	fmt.Fprintf(progress, "cube: %s: using cached %s\n", what, cacheFile)
+	err = extractTarFile(ctx, cacheFile, rootfs)
+	if err == nil {
+		return true, nil
+	}
+	if ctx.Err() != nil {
+		return false, err
+	}
+	fmt.Fprintf(progress, "cube: cache %s is unusable (%v); rebuilding\n", cacheFile, err)
+	_ = os.Remove(cacheFile)
+	return false, emptyDir(rootfs)
 }

@@ -113,6 +113,9 @@ func writeTar(ctx context.Context, dir string, w io.Writer) error {
 			}
 			links[key] = name
 		}
+		if err := addXattrRecords(hdr, path); err != nil {
+			return err
+		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}

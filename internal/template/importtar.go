@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -23,8 +24,9 @@ import (
 // .tar.gz; compression is detected from the content). Entries whose path
 // escapes the root (after stripping a leading "/" or "./") make the import
 // fail with errdefs.ErrInvalidArgument. Symlinks are created but never
-// followed while extracting, hard links must point inside the archive, and
-// device nodes are skipped.
+// followed while extracting, hard links must point inside the archive,
+// xattrs (PAX SCHILYXATTR records) are set, except security.selinux and
+// namespaces the filesystem refuses, and device nodes are skipped.
 func (r *Registry) ImportTar(ctx context.Context, name, file string) (Template, error) {
 	abs, err := filepath.Abs(file)
 	if err != nil {
@@ -274,6 +276,11 @@ func applyMeta(pfd int, base string, hdr *tar.Header) error {
 			return fmt.Errorf("chmod: %w", err)
 		}
 	}
+	// After chown (which drops security.capability) and after the content
+	// is written (a write drops it too).
+	if err := setXattrs(pfd, base, hdr); err != nil {
+		return err
+	}
 	if !hdr.ModTime.IsZero() {
 		at := hdr.AccessTime
 		if at.IsZero() {
@@ -299,6 +306,12 @@ func (x *extractor) finish() error {
 			if err := unix.Fchmod(x.root, uint32(d.hdr.Mode)&0o7777); err != nil {
 				return fmt.Errorf("chmod root: %w", err)
 			}
+			if err := setXattrs(x.root, "", d.hdr); err != nil {
+				return fmt.Errorf("root: %w", err)
+			}
+			if err := setRootTimes(x.root, d.hdr); err != nil {
+				return err
+			}
 			continue
 		}
 		pfd, base, err := x.parent(d.rel)
@@ -310,6 +323,23 @@ func (x *extractor) finish() error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", d.rel, err)
 		}
+	}
+	return nil
+}
+
+// setRootTimes sets the times of the root directory (open as fd) through
+// its /proc/self/fd link: utimensat has no flag for "fd itself" in Go.
+func setRootTimes(fd int, hdr *tar.Header) error {
+	if hdr.ModTime.IsZero() {
+		return nil
+	}
+	at := hdr.AccessTime
+	if at.IsZero() {
+		at = hdr.ModTime
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(at.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), ts, 0); err != nil {
+		return fmt.Errorf("set times of root: %w", err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@
 package template
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -60,6 +61,9 @@ type Template struct {
 	CreatedAt  time.Time `json:"createdAt"`
 	Source     string    `json:"source"` // e.g. "dir:/path", "tar:/path.tar.gz", "debootstrap:bookworm ..."
 	Digest     string    `json:"digest"` // "sha256:<hex>" over a canonical walk of the rootfs (see Digest)
+	// Defaults of the sandboxes made from the template (from a container
+	// image's config); nil for templates without any.
+	Defaults *Defaults `json:"defaults,omitempty"`
 }
 
 // Registry stores templates on disk. The zero value is not usable: Dir must
@@ -198,7 +202,22 @@ func (r *Registry) build(ctx context.Context, name string, fill func(ctx context
 
 // buildDigest is build that, when want is set, refuses (and discards) the
 // result unless its digest equals want.
-func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func(ctx context.Context, rootfs string) (string, error)) (t Template, err error) {
+func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func(ctx context.Context, rootfs string) (string, error)) (Template, error) {
+	return r.buildSpec(ctx, name, buildSpec{want: want, fill: fill})
+}
+
+// buildSpec says how buildWith fills and finishes a template.
+type buildSpec struct {
+	want string // expected digest, if any
+	// fill populates rootfs and returns the template's Source.
+	fill func(ctx context.Context, rootfs string) (string, error)
+	// finish, if set, runs on the prepared rootfs before the digest is
+	// taken and may set metadata on t (Defaults; sizes, 0 = default).
+	finish func(ctx context.Context, rootfs string, t *Template) error
+}
+
+func (r *Registry) buildSpec(ctx context.Context, name string, spec buildSpec) (t Template, err error) {
+	want, fill := spec.want, spec.fill
 	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
 		return Template{}, fmt.Errorf("create templates dir: %w", err)
 	}
@@ -227,6 +246,11 @@ func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func
 	if err := PrepareRootfs(ctx, rootfs); err != nil {
 		return Template{}, err
 	}
+	if spec.finish != nil {
+		if err := spec.finish(ctx, rootfs, &t); err != nil {
+			return Template{}, err
+		}
+	}
 	digest, err := Digest(ctx, rootfs)
 	if err != nil {
 		return Template{}, err
@@ -237,12 +261,13 @@ func (r *Registry) buildDigest(ctx context.Context, name, want string, fill func
 	}
 	t = Template{
 		Name:       name,
-		CPUCount:   DefaultCPUCount,
-		MemoryMB:   DefaultMemoryMB,
-		DiskSizeMB: DefaultDiskSizeMB,
+		CPUCount:   cmp.Or(t.CPUCount, DefaultCPUCount), // finish may set sizes
+		MemoryMB:   cmp.Or(t.MemoryMB, DefaultMemoryMB),
+		DiskSizeMB: cmp.Or(t.DiskSizeMB, DefaultDiskSizeMB),
 		CreatedAt:  time.Now().UTC().Truncate(time.Second),
 		Source:     source,
 		Digest:     digest,
+		Defaults:   t.Defaults,
 	}
 	b, err := json.MarshalIndent(t, "", "  ")
 	if err != nil {
@@ -266,6 +291,11 @@ func (r *Registry) register(ctx context.Context, name string, fill func(ctx cont
 
 // registerDigest is register with buildDigest's digest check.
 func (r *Registry) registerDigest(ctx context.Context, name, want string, fill func(ctx context.Context, rootfs string) (string, error)) (Template, error) {
+	return r.registerSpec(ctx, name, buildSpec{want: want, fill: fill})
+}
+
+// registerSpec validates name, takes the name lock and builds after spec.
+func (r *Registry) registerSpec(ctx context.Context, name string, spec buildSpec) (Template, error) {
 	if err := ValidateName(name); err != nil {
 		return Template{}, err
 	}
@@ -280,7 +310,7 @@ func (r *Registry) registerDigest(ctx context.Context, name, want string, fill f
 		return Template{}, err
 	}
 	defer unlock()
-	return r.buildDigest(ctx, name, want, fill)
+	return r.buildSpec(ctx, name, spec)
 }
 
 // cleanStale removes leftovers of crashed builds or deletes of name. The

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/template"
 )
@@ -33,9 +32,11 @@ type Fetcher struct {
 }
 
 // Fetch registers the server's template called name in reg and returns it.
-// The rootfs is streamed straight into reg.ImportTarStream, which keeps it
-// only when its digest equals the one the server published (else the error
-// wraps errdefs.ErrConflict). Concurrent fetches of one name, in this
+// The rootfs is streamed straight into reg.ImportStream, which keeps it
+// only when its digest (and the digest of its xattrs, when the server
+// publishes one) equals the one the server published (else the error wraps
+// errdefs.ErrConflict); the template's sizes and defaults are registered
+// with it. Concurrent fetches of one name, in this
 // process or others sharing reg, import once: the others wait for the
 // registry's name lock, find the template registered and return it without
 // downloading. A template the server lacks gives errdefs.ErrNotFound.
@@ -70,7 +71,10 @@ func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, n
 	}
 	body := &lazyBody{open: func() (io.ReadCloser, error) { return f.openTar(ctx, base, name, ref.Digest) }}
 	defer body.Close()
-	t, err := reg.ImportTarStream(ctx, name, body, ref.Digest)
+	t, err := reg.ImportStream(ctx, name, body, template.Published{
+		Digest: ref.Digest, XattrDigest: ref.XattrDigest, Defaults: ref.Defaults,
+		CPUCount: ref.CPUCount, MemoryMB: ref.MemoryMB, DiskSizeMB: ref.DiskSizeMB,
+	})
 	if errors.Is(err, errdefs.ErrAlreadyExists) {
 		// Another fetch won the race and registered it meanwhile.
 		if t, err = reg.Get(ctx, name); err != nil {
@@ -93,20 +97,20 @@ func sameDigest(t template.Template, want string) (template.Template, error) {
 	return t, nil
 }
 
-func (f *Fetcher) meta(ctx context.Context, base, name string) (cluster.TemplateRef, error) {
+func (f *Fetcher) meta(ctx context.Context, base, name string) (Meta, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
 	res, err := f.get(ctx, base+"/templates/"+url.PathEscape(name))
 	if err != nil {
-		return cluster.TemplateRef{}, err
+		return Meta{}, err
 	}
 	defer res.Body.Close()
-	var ref cluster.TemplateRef
+	var ref Meta
 	if err := json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&ref); err != nil {
-		return cluster.TemplateRef{}, fmt.Errorf("decode template metadata: %w: %w", errdefs.ErrUnavailable, err)
+		return Meta{}, fmt.Errorf("decode template metadata: %w: %w", errdefs.ErrUnavailable, err)
 	}
 	if ref.Name != name {
-		return cluster.TemplateRef{}, fmt.Errorf("server answered with template %q: %w", ref.Name, errdefs.ErrFailedPrecondition)
+		return Meta{}, fmt.Errorf("server answered with template %q: %w", ref.Name, errdefs.ErrFailedPrecondition)
 	}
 	return ref, nil
 }

@@ -33,9 +33,11 @@ type KeyVerifier interface {
 // Handler serves the templates in reg to holders of an API key (X-API-Key
 // or Authorization: Bearer):
 //
-//	GET /templates/{name}            JSON {name, digest, cpuCount, memoryMB, diskSizeMB}
-//	GET /templates/{name}/rootfs.tar the rootfs as a tar stream (see template.WriteTar),
-//	                                 with header X-Cube-Template-Digest
+//	GET /templates/{name}            JSON Meta: {name, digest, cpuCount, memoryMB, diskSizeMB,
+//	                                 defaults?, xattrDigest?}
+//	GET /templates/{name}/rootfs.tar the rootfs as a tar stream (see template.WriteTar:
+//	                                 owners, modes, hard links, xattrs...), with header
+//	                                 X-Cube-Template-Digest
 //
 // The registry is read on every request, so templates registered on the
 // server after start are served at once.
@@ -47,8 +49,13 @@ func Handler(reg *template.Registry, keys KeyVerifier) http.Handler {
 			writeErr(w, err)
 			return
 		}
+		m, err := metaOf(r.Context(), t)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(refOf(t))
+		json.NewEncoder(w).Encode(m)
 	})
 	mux.HandleFunc("GET /templates/{name}/rootfs.tar", func(w http.ResponseWriter, r *http.Request) {
 		t, err := reg.Get(r.Context(), r.PathValue("name"))
@@ -90,7 +97,31 @@ func Handler(reg *template.Registry, keys KeyVerifier) http.Handler {
 	})
 }
 
-// refOf is the metadata the server publishes for a template.
+// Meta is the metadata the server publishes for a template. Fields after
+// TemplateRef were added later: they are omitted when empty, and a node
+// reading an older server's answer gets none (no defaults, xattrs
+// unchecked), as an older node ignores them.
+type Meta struct {
+	cluster.TemplateRef
+	// Defaults are the template's sandbox defaults (env, workdir, user,
+	// entrypoint, cmd), registered with the node's copy.
+	Defaults *template.Defaults `json:"defaults,omitempty"`
+	// XattrDigest is template.XattrDigest of the rootfs: the node checks
+	// the xattrs it imported against it (Digest leaves them out).
+	XattrDigest string `json:"xattrDigest,omitempty"`
+}
+
+// metaOf computes t's Meta. The xattr digest walks the tree: it is asked
+// once per node that lacks the template, before a download of all of it.
+func metaOf(ctx context.Context, t template.Template) (Meta, error) {
+	xd, err := template.XattrDigest(ctx, t.RootfsPath)
+	if err != nil {
+		return Meta{}, fmt.Errorf("template %q: %w", t.Name, err)
+	}
+	return Meta{TemplateRef: refOf(t), Defaults: t.Defaults, XattrDigest: xd}, nil
+}
+
+// refOf is the part of a template's metadata the scheduler uses.
 func refOf(t template.Template) cluster.TemplateRef {
 	return cluster.TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}
 }

@@ -130,7 +130,7 @@ func credential(u account.User) (*syscall.Credential, error) {
 // and already has sub attached, so no output is lost; the caller must call
 // proc.run.
 func spawn(req spawnRequest, sandboxEnv map[string]string, defaultDir string) (p *proc, sub *subscriber, err error) {
-	cfg := req.config
+	cfg := shellFallback(req.config) // the process reports what runs
 	if cfg.GetCmd() == "" {
 		return nil, nil, fmt.Errorf("process.cmd is required: %w", errdefs.ErrInvalidArgument)
 	}

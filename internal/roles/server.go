@@ -1,4 +1,4 @@
-package app
+package roles
 
 import (
 	"context"
@@ -74,7 +74,8 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	templates := template.NewRegistry(cfg.DataDir)
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, DownAfter: cfg.DownAfter, Logger: log,
-		Templates: templatedist.Source{Registry: templates},
+		// code-interpreter-v1 is built here on its first create.
+		Templates: newBuiltinSource(ctx, templates, false, nil, log),
 	}, cluster.DocumentNodes{Docs: st}, st)
 	if err := reg.Load(ctx); err != nil {
 		return err

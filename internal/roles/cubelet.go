@@ -1,4 +1,4 @@
-package app
+package roles
 
 import (
 	"cmp"
@@ -74,7 +74,7 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
 		HostMountNS:       cfg.HostMountNS,
-		Fetcher:           &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey},
+		Fetcher:           nodeFetcher(ctx, cfg.BuildBase, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey}),
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)

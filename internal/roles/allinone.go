@@ -1,11 +1,11 @@
-// Package app composes Cube's components into runnable roles: `cube
+// Package roles composes Cube's components into runnable roles: `cube
 // server` (api, master, proxy and the node registry), `cube cubelet` (the
 // node agent, registering with servers over HTTP) and `cube up`
 // (all-in-one). All-in-one is the two in one process: the registry reaches
 // its node through the same CubeletService handler in-process (no network
 // hop) and the node registers through the same RegistryService, so a
 // create takes the same path (registry, scheduler, node API) in both modes.
-package app
+package roles
 
 import (
 	"context"
@@ -34,7 +34,6 @@ import (
 	"github.com/cube-dev/cube/internal/proxy"
 	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
-	"github.com/cube-dev/cube/internal/templatedist"
 	"github.com/cube-dev/cube/internal/version"
 )
 
@@ -58,6 +57,9 @@ type AllInOneConfig struct {
 	Network           cubevs.Config
 	Logger            *slog.Logger
 	Out               io.Writer // user-facing output (progress, exports)
+	// PrebuildInterp builds the built-in template code-interpreter-v1 in
+	// the background after start; without it, its first create builds it.
+	PrebuildInterp bool
 }
 
 // LocalNodeID is the node id of an all-in-one Cube's in-process node.
@@ -145,7 +147,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	check = newSelfCheck("in-process", local, filepath.Join(cfg.DataDir, "prep"), log.With("role", "cubelet"))
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, Logger: log,
-		Templates: templatedist.Source{Registry: templates},
+		Templates: newBuiltinSource(ctx, templates, cfg.PrebuildInterp, cfg.Out, log),
 		Connect: func(rec cluster.NodeRecord) *nodeapi.Client {
 			if rec.ID == LocalNodeID {
 				return local

@@ -1,0 +1,72 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+func TestBuilderWaits(t *testing.T) {
+	release := make(chan struct{})
+	var builds atomic.Int32
+	fail := atomic.Bool{}
+	fail.Store(true)
+	b := NewBuilder(context.Background(), InterpName, func(ctx context.Context) (Template, error) {
+		builds.Add(1)
+		<-release
+		if fail.Load() {
+			return Template{}, errors.New("mirror down")
+		}
+		return Template{Name: InterpName}, nil
+	})
+	// Still building: a bounded wait, a message that says so.
+	_, err := b.Wait(context.Background(), 20*time.Millisecond)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "still being built") {
+		t.Fatalf("while building: %v", err)
+	}
+	b.Start() // joins the running build
+	release <- struct{}{}
+	_, err = b.Wait(context.Background(), time.Second)
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "mirror down") {
+		t.Fatalf("failed build: %v", err)
+	}
+	if n := builds.Load(); n != 1 {
+		t.Fatalf("%d builds, want 1", n)
+	}
+	// The next wait tries again, and succeeds.
+	fail.Store(false)
+	close(release)
+	tm, err := b.Wait(context.Background(), 5*time.Second)
+	if err != nil || tm.Name != InterpName {
+		t.Fatalf("retry: %v %v", tm, err)
+	}
+	if _, err := b.Wait(context.Background(), time.Second); err != nil || builds.Load() != 2 {
+		t.Fatalf("after success: %v, %d builds", err, builds.Load())
+	}
+}
+
+func TestInterpRecipeAndMarker(t *testing.T) {
+	if InterpCacheKey() == DefaultBaseSpec().CacheKey() || !strings.HasPrefix(InterpCacheKey(), "code-interpreter-") {
+		t.Errorf("cache key %q", InterpCacheKey())
+	}
+	for _, p := range []string{"python3-ipykernel", "python3-pandas", "python3-matplotlib", "python3-numpy"} {
+		if !strings.Contains(strings.Join(InterpPackages, ","), p) {
+			t.Errorf("recipe lacks %s", p)
+		}
+	}
+	root := t.TempDir()
+	if HasInterp(root) {
+		t.Error("empty rootfs has the marker")
+	}
+	if err := writeInterpMarker(root); err != nil {
+		t.Fatal(err)
+	}
+	if !HasInterp(root) {
+		t.Error("marker not found after writing it")
+	}
+}

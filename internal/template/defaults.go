@@ -1,0 +1,100 @@
+package template
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/cube-dev/cube/internal/errdefs"
+)
+
+// Defaults are what a container image's config asks of the processes
+// started in it, recorded with the template.
+type Defaults struct {
+	// Env is the image's environment (Env), added to every process's.
+	Env map[string]string `json:"env,omitempty"`
+	// Workdir is the default working directory (WorkingDir); empty means
+	// the user's home.
+	Workdir string `json:"workdir,omitempty"`
+	// User is the sandbox's default user, the passwd name of the image's
+	// USER; empty means Cube's default ("user"), also when USER names no
+	// entry of the image's /etc/passwd.
+	User string `json:"user,omitempty"`
+	// ImageUser is USER as the image config spells it ("app", "1000:1000").
+	ImageUser string `json:"imageUser,omitempty"`
+	// Entrypoint and Cmd are recorded for a template start command; Cube
+	// does not run them by itself.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+}
+
+// imageDefaults turns the image config into Defaults, resolving USER
+// against the prepared rootfs's /etc/passwd and creating a missing
+// WorkingDir (as a container runtime does).
+func imageDefaults(rootfs string, cfg *v1.Config) (*Defaults, error) {
+	if cfg == nil {
+		return nil, nil
+	}
+	d := &Defaults{ImageUser: cfg.User, Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd}
+	for _, kv := range cfg.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			continue
+		}
+		if d.Env == nil {
+			d.Env = map[string]string{}
+		}
+		d.Env[k] = v
+	}
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	if cfg.WorkingDir != "" {
+		d.Workdir = path.Clean("/" + cfg.WorkingDir)
+		fi, err := root.Stat(strings.TrimPrefix(d.Workdir, "/"))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := root.MkdirAll(strings.TrimPrefix(d.Workdir, "/"), 0o755); err != nil {
+				return nil, fmt.Errorf("create working dir %s: %w", d.Workdir, err)
+			}
+		case err != nil:
+			return nil, fmt.Errorf("working dir %s: %v: %w", d.Workdir, err, errdefs.ErrInvalidArgument)
+		case !fi.IsDir():
+			return nil, fmt.Errorf("working dir %s is not a directory in the image: %w", d.Workdir, errdefs.ErrInvalidArgument)
+		}
+	}
+	d.User = passwdName(root, cfg.User)
+	return d, nil
+}
+
+// passwdName returns the passwd name of an image USER ("name", "uid",
+// "name:group", "uid:gid"), or "" when it is unset or unknown.
+func passwdName(root *os.Root, user string) string {
+	u, _, _ := strings.Cut(user, ":")
+	if u == "" {
+		return ""
+	}
+	data, err := root.ReadFile("etc/passwd")
+	if err != nil {
+		return ""
+	}
+	_, numErr := strconv.ParseUint(u, 10, 32)
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Split(l, ":")
+		if len(f) < 7 {
+			continue
+		}
+		if f[0] == u || (numErr == nil && f[2] == u) {
+			return f[0]
+		}
+	}
+	return ""
+}
