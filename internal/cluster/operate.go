@@ -113,7 +113,7 @@ func (r *Registry) Delete(ctx context.Context, id string, force bool) error {
 	if err != nil {
 		return err
 	}
-	if !force && (st.State == StateReady || st.Sandboxes > 0 || st.Inflight > 0) {
+	if !force && (st.State == StateReady || st.State == StatePending || st.Sandboxes > 0 || st.Inflight > 0) {
 		return fmt.Errorf("node %s is %s with %d sandboxes: isolate and drain it first, or delete with --force: %w",
 			id, st.State, st.Sandboxes, errdefs.ErrFailedPrecondition)
 	}
@@ -198,7 +198,7 @@ func (r *Registry) checkHealth(ctx context.Context) {
 		r.mu.Lock()
 		if err == nil {
 			n.lastBeat = r.cfg.Clock.Now() // alive but not heartbeating: keep it, say why
-			n.reason = "heartbeats late; probe ok"
+			n.reason, n.confirmed = "heartbeats late; probe ok", true
 		} else if r.cfg.Clock.Since(n.lastBeat) > r.cfg.DownAfter {
 			n.down = true
 			n.reason = fmt.Sprintf("no heartbeat for %s and probe failed: %v", r.cfg.Clock.Since(n.lastBeat).Round(time.Second), err)

@@ -101,6 +101,10 @@ type node struct {
 	usedMemMB int64
 	count     int
 	inflight  int
+	// confirmed: the node has answered since this server started (a
+	// heartbeat or registration here or, read from the store, through
+	// another replica; or a probe with its token on record).
+	confirmed bool
 }
 
 func (n *node) state() State {
@@ -111,10 +115,15 @@ func (n *node) state() State {
 		return StateDraining
 	case n.rec.Isolated:
 		return StateIsolated
+	case !n.confirmed:
+		return StatePending
 	default:
 		return StateReady
 	}
 }
+
+// pendingReason says why a node is Pending.
+const pendingReason = "no heartbeat since this server started, and its stored token got no answer: waiting for the node to register or heartbeat"
 
 // Registry is the server's node registry.
 type Registry struct {
@@ -131,13 +140,14 @@ type Registry struct {
 	recent    map[string]time.Time // sandbox id -> create start
 	holds     map[string]hold      // sandbox id -> capacity held until the master records it
 	life      Lifecycle
+	started   time.Time // a node heartbeating after it is confirmed (see node.confirmed)
 }
 
 // NewRegistry returns a registry backed by st; call Load before serving.
 func NewRegistry(cfg Config, st NodeStore, index SandboxIndex) *Registry {
 	cfg.defaults()
 	return &Registry{cfg: cfg, store: st, index: index, log: cfg.Logger.With("component", "cluster"),
-		nodes: map[string]*node{}, recent: map[string]time.Time{}, holds: map[string]hold{}}
+		nodes: map[string]*node{}, recent: map[string]time.Time{}, holds: map[string]hold{}, started: cfg.Clock.Now()}
 }
 
 // SetLifecycle wires the master in (it is built after the registry).
@@ -162,7 +172,45 @@ func (r *Registry) Load(ctx context.Context) error {
 		r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: now, down: rec.Down, reason: rec.DownReason}
 	}
 	r.mu.Unlock()
+	r.confirmByProbe(ctx)
 	return r.recount(ctx)
+}
+
+// confirmByProbe probes every loaded node that is not Down with its token
+// on record, at once and in parallel (each bounded by ProbeTimeout), so
+// nodes that answer are Ready as soon as the server serves; the others stay
+// Pending until they heartbeat or register.
+func (r *Registry) confirmByProbe(ctx context.Context) {
+	r.mu.Lock()
+	var todo []*node
+	for _, n := range r.nodes {
+		if !n.down && !n.confirmed {
+			todo = append(todo, n)
+		}
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.mu.Lock()
+			cl := n.client
+			r.mu.Unlock()
+			err := r.probe(ctx, cl)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if err == nil {
+				n.confirmed = true
+				return
+			}
+			if n.reason == "" {
+				n.reason = pendingReason
+			}
+			r.log.Info("node pending: no answer with its stored token", "node", n.rec.ID, "err", err)
+		}()
+	}
+	wg.Wait()
 }
 
 // Sync merges node records written by other server replicas (new nodes,
@@ -200,8 +248,12 @@ func (r *Registry) merge(recs []NodeRecord) {
 		seen[rec.ID] = true
 		n, ok := r.nodes[rec.ID]
 		if !ok {
-			r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: rec.LastHeartbeat, down: rec.Down, reason: rec.DownReason}
+			r.nodes[rec.ID] = &node{rec: rec, client: r.newClient(rec), lastBeat: rec.LastHeartbeat, down: rec.Down, reason: rec.DownReason,
+				confirmed: rec.LastHeartbeat.After(r.started)}
 			continue
+		}
+		if rec.LastHeartbeat.After(r.started) {
+			n.confirmed = true // it heartbeats through another replica
 		}
 		if rec.Token != n.rec.Token || rec.RPCURL != n.rec.RPCURL {
 			n.client = r.newClient(rec)
@@ -330,7 +382,7 @@ func (r *Registry) Register(ctx context.Context, rec NodeRecord) error {
 		n = &node{}
 		r.nodes[rec.ID] = n
 	}
-	n.rec, n.client, n.lastBeat, n.down, n.reason = rec, r.newClient(rec), r.cfg.Clock.Now(), false, ""
+	n.rec, n.client, n.lastBeat, n.down, n.reason, n.confirmed = rec, r.newClient(rec), r.cfg.Clock.Now(), false, "", true
 	r.mu.Unlock()
 	r.log.Info("node registered", "node", rec.ID, "version", rec.Version, "rpc", rec.RPCURL, "dataIP", rec.DataIP)
 	return r.recount(ctx)
@@ -351,7 +403,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 	if n.down {
 		r.log.Info("node is back", "node", id)
 	}
-	n.lastBeat, n.down, n.reason = r.cfg.Clock.Now(), false, ""
+	n.lastBeat, n.down, n.reason, n.confirmed = r.cfg.Clock.Now(), false, "", true
 	beat := n.lastBeat.UTC()
 	life := r.life
 	r.mu.Unlock()

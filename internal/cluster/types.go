@@ -14,9 +14,13 @@ type State string
 
 // Node states. Ready nodes take new sandboxes; Isolated and Draining nodes
 // keep their sandboxes but take no new ones; Down nodes missed heartbeats
-// and failed probes.
+// and failed probes. Pending nodes are known from the store but have not
+// shown, since this server started, that they answer with the token on
+// record (no heartbeat, registration or probe yet): a restarted node that
+// has not registered again is not Ready on the strength of its old record.
 const (
 	StateReady    State = "Ready"
+	StatePending  State = "Pending"
 	StateIsolated State = "Isolated"
 	StateDraining State = "Draining"
 	StateDown     State = "Down"

@@ -132,6 +132,8 @@ func schedulableConditionOf(found bool, st Status) corev1.NodeCondition {
 		return c(corev1.ConditionFalse, "Draining", "the Cube node is draining: no new sandboxes")
 	case cluster.StateDown:
 		return c(corev1.ConditionFalse, "Down", "the Cube node is Down (missed heartbeats and probes): no new sandboxes")
+	case cluster.StatePending:
+		return c(corev1.ConditionFalse, "Pending", "the Cube node has not answered since the server started (waiting for it to register or heartbeat): no new sandboxes yet")
 	}
 	return c(corev1.ConditionFalse, camel(string(st.State)), fmt.Sprintf("the Cube node is %s", st.State))
 }

@@ -152,7 +152,7 @@ func decideDelete(w want, found bool, st Status) plan {
 	case w.Force:
 		return plan{Actions: []action{actForceDelete}, RemoveFinalizer: true}
 	case st.Sandboxes == 0 && st.Inflight == 0:
-		if st.State == cluster.StateReady {
+		if st.State == cluster.StateReady || st.State == cluster.StatePending {
 			return plan{Actions: []action{actIsolate, actDelete}, RemoveFinalizer: true}
 		}
 		return plan{Actions: []action{actDelete}, RemoveFinalizer: true}

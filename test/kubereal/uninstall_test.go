@@ -205,20 +205,13 @@ func reinstall(t *testing.T) {
 	if pod.Status.Phase != corev1.PodRunning {
 		t.Errorf("cube-node Pod %s is %s after the re-install", pod.Name, pod.Status.Phase)
 	}
-	waitCubeNodeState(t, "Ready", 10*time.Minute)
 	// The database outlives the release, so the new server loads the node's
-	// old record and reports it Ready at once, with the old node token; the
-	// new cubelet registers only when its backoff (up to 15 s, the server
-	// came up after it) lets it. Until then a create answers 503 "node ...
-	// missing or wrong node token ... has not registered again yet; retry"
-	// (before this suite found it: a 401 that blamed the user's API key):
-	// wait for the registration, which is what makes the node serve.
-	waitFor(t, "the new cubelet to register with the new server", 2*time.Minute, time.Second, func(ctx context.Context) (bool, string) {
-		logs, err := kubectl(ctx, "logs", pod.Name, "-c", "cubelet")
-		if err != nil {
-			return false, err.Error()
-		}
-		return strings.Contains(logs, "registered with server"), "no \"registered with server\" in its log yet"
-	})
+	// old record, with the old node token, while the new cubelet registers
+	// only when its backoff (up to 15 s, the server came up after it) lets
+	// it. The server reports such a node Pending (its stored token gets no
+	// answer) until it registers, never Ready on the strength of the old
+	// record (before: Ready at once, and creates answered 503 "missing or
+	// wrong node token" until the registration): Ready means it serves.
+	waitCubeNodeState(t, "Ready", 10*time.Minute)
 	mustCreateOne(t, "after uninstall, cleanup and a re-install")
 }
