@@ -120,6 +120,11 @@ func TestServerRestartsAfterCrash(t *testing.T) {
 		_ = cmd.Wait()
 		t.Logf("stderr:\n%s", stderr.String())
 	})
+	// Once the process is ARGV, the server listens (ServeAndExec waited).
+	waitFor(t, "ARGV never ran", 10*time.Second, func() bool {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline")
+		return strings.HasPrefix(string(b), "/bin/sleep\x00")
+	})
 	supervisor := onlyChild(t, cmd.Process.Pid, "ARGV's children")
 	server := onlyChild(t, supervisor, "supervisor's children")
 	if !healthy(addr) {

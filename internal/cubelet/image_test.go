@@ -7,7 +7,10 @@ import (
 	"encoding/base64"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -19,10 +22,13 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 
 	pb "github.com/cube-dev/cube/api/gen/envd/process"
 	"github.com/cube-dev/cube/api/gen/envd/process/processconnect"
+	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatedist"
 )
 
 // busyboxImage is a two-layer image with nothing but a static busybox (no
@@ -48,6 +54,9 @@ func busyboxImage(t *testing.T) v1.Image {
 			h.Uname, h.Size = "", int64(len(body))
 			if h.Typeflag != tar.TypeReg {
 				h.Size, body = 0, nil
+			}
+			if len(h.PAXRecords) > 0 {
+				h.Format = tar.FormatPAX
 			}
 			if err := tw.WriteHeader(&h); err != nil {
 				t.Fatal(err)
@@ -79,6 +88,8 @@ func busyboxImage(t *testing.T) v1.Image {
 		reg("etc/.wh.obsolete", "", 0o644),
 		{Typeflag: tar.TypeLink, Name: "bin/suid", Linkname: "bin/busybox"},
 		reg("srv/app/hello.txt", "from the image\n", 0o4755),
+		{Typeflag: tar.TypeReg, Name: "srv/app/tagged", Uname: "x", Mode: 0o644,
+			PAXRecords: map[string]string{"SCHILYXATTR.user.cube": "tag"}},
 	}
 	img, err := mutate.AppendLayers(empty.Image, mk(l1...), mk(l2...))
 	if err != nil {
@@ -99,13 +110,16 @@ func busyboxImage(t *testing.T) v1.Image {
 // WorkingDir and USER (the request's env wins; a request may name another
 // user).
 func TestSandboxFromImage(t *testing.T) {
-	t.Run("cold", func(t *testing.T) { testSandboxFromImage(t, false) })
+	t.Run("cold", func(t *testing.T) { testSandboxFromImage(t, false, false) })
 	// A pre-started slot of the image template starts envd with the
 	// defaults; the create adds its env through /init.
-	t.Run("prestarted-slot", func(t *testing.T) { testSandboxFromImage(t, true) })
+	t.Run("prestarted-slot", func(t *testing.T) { testSandboxFromImage(t, true, false) })
+	// Cluster mode: the node lacks the template and fetches it from a
+	// server (templatedist), defaults and xattrs included.
+	t.Run("fetched", func(t *testing.T) { testSandboxFromImage(t, false, true) })
 }
 
-func testSandboxFromImage(t *testing.T, pool bool) {
+func testSandboxFromImage(t *testing.T, pool, fetched bool) {
 	n := newTestNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -117,7 +131,11 @@ func testSandboxFromImage(t *testing.T, pool bool) {
 	if err := p.AppendImage(busyboxImage(t)); err != nil {
 		t.Fatal(err)
 	}
-	tm, err := n.templates.ImportImage(ctx, "busyimg", template.ImageSource{Path: dir})
+	imgReg := n.templates
+	if fetched {
+		imgReg = serveTemplates(t, n)
+	}
+	tm, err := imgReg.ImportImage(ctx, "busyimg", template.ImageSource{Path: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,6 +169,16 @@ func testSandboxFromImage(t *testing.T, pool bool) {
 	}
 	if pool && !slotIPs[sb.IP.String()] {
 		t.Fatalf("sandbox IP %s did not come from a slot %v", sb.IP, slotIPs)
+	}
+	if fetched {
+		got, err := n.templates.Get(ctx, "busyimg")
+		if err != nil || got.Source != template.StreamSource || got.Digest != tm.Digest || !reflect.DeepEqual(got.Defaults, tm.Defaults) {
+			t.Fatalf("node's copy %+v (defaults %+v), %v; server's digest %s defaults %+v", got, got.Defaults, err, tm.Digest, tm.Defaults)
+		}
+		buf := make([]byte, 16)
+		if n, err := unix.Lgetxattr(filepath.Join(got.RootfsPath, "srv/app/tagged"), "user.cube", buf); err != nil || string(buf[:n]) != "tag" {
+			t.Errorf("xattr user.cube on the node's copy: %q, %v", buf[:max(n, 0)], err)
+		}
 	}
 	defer c.KillSandbox(context.WithoutCancel(ctx), sb.ID)
 	addr, err := c.SandboxAddr(ctx, sb.ID, EnvdPort)
@@ -208,4 +236,25 @@ func testSandboxFromImage(t *testing.T, pool bool) {
 	if got := runArgs("root", "/bin/bash", "-l", "-c", "id -un"); got != "root\n" {
 		t.Errorf("SDK command form as root: %q", got)
 	}
+}
+
+// serveTemplates serves a new server-side registry to n through
+// templatedist (behind a real key store) and makes n fetch from it.
+func serveTemplates(t *testing.T, n *node) *template.Registry {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(context.Background(), filepath.Join(dir, "server.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	key, err := st.CreateKey(context.Background(), "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
+	hs := httptest.NewServer(templatedist.Handler(reg, st))
+	t.Cleanup(hs.Close)
+	n.cfg.Fetcher = &templatedist.Fetcher{BaseURLs: []string{hs.URL}, APIKey: key}
+	return reg
 }

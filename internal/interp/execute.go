@@ -49,8 +49,12 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 	id := newID()
 	ch := k.register(id)
 	defer k.unregister(id)
-	req := executeRequest{Code: code, Silent: silent, StoreHistory: !silent, UserExpressions: map[string]any{},
-		StopOnError: !silent}
+	// StopOnError false: this server runs one execution per context at a
+	// time, so there is no queue to abort after an error, and ipykernel's
+	// abort window (until its event loop turns) would otherwise abort the
+	// next execution when it arrives right after an error or interrupt
+	// ("ExecutionAborted", seen under load in TestTimeoutInterrupts).
+	req := executeRequest{Code: code, Silent: silent, StoreHistory: !silent, UserExpressions: map[string]any{}}
 	if err := k.send(k.shell, "execute_request", id, req); err != nil {
 		return err
 	}

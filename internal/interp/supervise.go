@@ -1,7 +1,6 @@
 package interp
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -58,22 +57,20 @@ func Supervise(log *slog.Logger, serverArgs []string, ready *os.File) error {
 	var delay time.Duration
 	for first := true; ; first = false {
 		start := time.Now()
-		cmd, listening, err := startSupervised(exe, serverArgs)
-		if err == nil {
-			if listening {
-				if ready != nil {
-					_, _ = ready.Write([]byte{1})
-					_ = ready.Close()
-					ready = nil
-				}
-				if !first {
-					log.Info("code interpreter server restarted", "pid", cmd.Process.Pid)
-				}
+		cmd, err := startSupervised(exe, serverArgs)
+		switch {
+		case err != nil && first:
+			return err
+		case err == nil:
+			if ready != nil {
+				_, _ = ready.Write([]byte{1})
+				_ = ready.Close()
+				ready = nil
+			}
+			if !first {
+				log.Info("code interpreter server restarted", "pid", cmd.Process.Pid)
 			}
 			err = cmd.Wait()
-		}
-		if first && !listening {
-			return fmt.Errorf("server exited before listening: %w", err)
 		}
 		ran := time.Since(start)
 		delay = nextRestartDelay(delay, ran)
@@ -82,31 +79,28 @@ func Supervise(log *slog.Logger, serverArgs []string, ready *os.File) error {
 	}
 }
 
-// startSupervised starts one server with a ready pipe and waits until it
-// listens; then the caller waits for it. A server that exits first is
-// reaped here and reported as an error.
-func startSupervised(exe string, serverArgs []string) (cmd *exec.Cmd, listening bool, err error) {
+// startSupervised starts one server with a ready pipe and returns once it
+// listens; the caller waits for it. A server that exits first is reaped
+// here and is an error.
+func startSupervised(exe string, serverArgs []string) (*exec.Cmd, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer r.Close()
-	cmd = exec.Command(exe, append([]string{"--ready-fd", "3"}, serverArgs...)...)
+	cmd := exec.Command(exe, append([]string{"--ready-fd", "3"}, serverArgs...)...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
-		return nil, false, fmt.Errorf("start server: %w", err)
+		return nil, fmt.Errorf("start server: %w", err)
 	}
-	// No deadline: a server either writes its byte or exits (EOF), and
-	// the sandbox's start waits in ServeAndExec with its own bound.
+	// No deadline: a server either writes its byte or exits (EOF); the
+	// sandbox's start waits in ServeAndExec with its own bound.
 	if _, err := r.Read(make([]byte, 1)); err != nil {
-		if werr := cmd.Wait(); werr != nil && !errors.Is(werr, os.ErrClosed) {
-			return nil, false, werr
-		}
-		return nil, false, fmt.Errorf("server exited before listening")
+		return nil, fmt.Errorf("server exited before listening: %w", cmd.Wait())
 	}
-	return cmd, true, nil
+	return cmd, nil
 }

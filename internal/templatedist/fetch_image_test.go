@@ -425,6 +425,7 @@ func TestFetchRefusesXattrTampering(t *testing.T) {
 	}{
 		{"capability added", retar(func(h *tar.Header) {
 			if h.Name == "./bin/su" {
+				h.Format = tar.FormatPAX
 				h.PAXRecords = map[string]string{"SCHILYXATTR.security.capability": capNetRaw()}
 			}
 		}), errdefs.ErrConflict},
