@@ -134,30 +134,7 @@ func debootstrap(ctx context.Context, spec BaseSpec, mirror, target string, prog
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
-	// Own process group so cancellation also stops dpkg & co.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	var tail []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(progress, line)
-			if tail = append(tail, line); len(tail) > 10 {
-				tail = tail[1:]
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	err = cmd.Run()
-	_ = pw.Close()
-	<-done
+	tail, err := runStreaming(cmd, progress, 10)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("debootstrap: %w", ctx.Err())
@@ -166,6 +143,38 @@ func debootstrap(ctx context.Context, spec BaseSpec, mirror, target string, prog
 			spec.Suite, target, err, strings.Join(tail, "\n"))
 	}
 	return nil
+}
+
+// runStreaming runs cmd in a process group of its own (cancellation kills
+// dpkg & co. too), copies its output line by line to progress and returns
+// the last keep lines with the error.
+func runStreaming(cmd *exec.Cmd, progress io.Writer, keep int) (tail []string, err error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(progress, line)
+			if tail = append(tail, line); len(tail) > keep {
+				tail = tail[1:]
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	err = cmd.Run()
+	_ = pw.Close()
+	<-done
+	return tail, err
 }
 
 // cleanAptCaches removes downloaded packages, package caches and package

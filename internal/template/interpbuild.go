@@ -1,7 +1,6 @@
 package template
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -129,28 +128,8 @@ func chrootRun(ctx context.Context, rootfs string, progress io.Writer, argv []st
 	cmd := exec.CommandContext(ctx, "/usr/bin/"+argv[0], argv[1:]...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C", "HOME=/root"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs, Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	var tail []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			fmt.Fprintln(progress, sc.Text())
-			if tail = append(tail, sc.Text()); len(tail) > 15 {
-				tail = tail[1:]
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	err := cmd.Run()
-	_ = pw.Close()
-	<-done
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	tail, err := runStreaming(cmd, progress, 15)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", strings.Join(argv, " "), ctx.Err())
