@@ -35,5 +35,9 @@ set -e
 grep -E '^(ok|FAIL|---)|^\s+--- FAIL' "$LOG" | grep -vE '^\s*--- (PASS|SKIP)' || true
 echo "unit-nonroot: $(grep -c -- '--- PASS' "$LOG") passed, $(grep -c -- '--- SKIP' "$LOG") skipped, $(grep -c -- '--- FAIL' "$LOG") failed"
 echo "unit-nonroot: skip reasons:"
-grep -B1 -- '--- SKIP' "$LOG" | grep -vE -- '^\s*---|^--$' | sed 's/^ *[a-z_]*\.go:[0-9]*: //' | sort | uniq -c | sort -rn | head -20
+grep -B1 -- '--- SKIP' "$LOG" | grep -vE -- '^\s*---|^--$' | sed 's/^ *[a-z_]*\.go:[0-9]*: //' | sort | uniq -c | sort -rn | head -20 || true
+if ((RC != 0)); then
+	echo "unit-nonroot: output before each failure:"
+	grep -B15 -E -- '^\s*--- FAIL' "$LOG" || tail -40 "$LOG"
+fi
 exit $RC

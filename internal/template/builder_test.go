@@ -24,6 +24,16 @@ func TestBuilderWaits(t *testing.T) {
 		}
 		return Template{Name: InterpName}, nil
 	})
+	// A waiter whose Wait started the build waits on that build: its
+	// failure is the waiter's answer (a Wait after a failure retries).
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Wait(context.Background(), 10*time.Second)
+		errc <- err
+	}()
+	for builds.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
 	// Still building: a bounded wait, a message that says so.
 	_, err := b.Wait(context.Background(), 20*time.Millisecond)
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "still being built") {
@@ -31,8 +41,7 @@ func TestBuilderWaits(t *testing.T) {
 	}
 	b.Start() // joins the running build
 	release <- struct{}{}
-	_, err = b.Wait(context.Background(), time.Second)
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "mirror down") {
+	if err := <-errc; !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "mirror down") {
 		t.Fatalf("failed build: %v", err)
 	}
 	if n := builds.Load(); n != 1 {
@@ -45,7 +54,7 @@ func TestBuilderWaits(t *testing.T) {
 	if err != nil || tm.Name != InterpName {
 		t.Fatalf("retry: %v %v", tm, err)
 	}
-	if _, err := b.Wait(context.Background(), time.Second); err != nil || builds.Load() != 2 {
+	if _, err := b.Wait(context.Background(), 10*time.Second); err != nil || builds.Load() != 2 {
 		t.Fatalf("after success: %v, %d builds", err, builds.Load())
 	}
 }
