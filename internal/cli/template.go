@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -91,9 +90,7 @@ func newTemplateInspectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(t)
+			return printJSON(cmd.OutOrStdout(), t)
 		},
 	}
 	addDataDirFlag(c, &dataDir)
@@ -114,9 +111,7 @@ func newTemplateLsCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(ts)
+				return printJSON(out, ts)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tCPU\tMEMORY_MB\tDISK_MB\tSOURCE\tCREATED\tDEFAULTS")

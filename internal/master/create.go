@@ -122,7 +122,7 @@ func (m *Master) recordCreated(ctx context.Context, p CreateParams, tpl Template
 		started = now
 	}
 	sb := store.Sandbox{
-		ID: id, TemplateID: tpl.Name, NodeID: nodeIDOf(live, m.cfg.NodeID),
+		ID: id, TemplateID: tpl.Name, NodeID: live.NodeID, // the node the registry scheduled it on
 		Metadata: p.Metadata, EnvVars: p.EnvVars,
 		StartedAt: started.UTC(), EndAt: now.Add(timeout).UTC(), State: store.StateRunning,
 		CPUCount: orDefault(live.CPUCount, tpl.CPUCount), MemoryMB: orDefault(live.MemoryMB, tpl.MemoryMB),
@@ -206,15 +206,6 @@ func validateMap(what string, m map[string]string, env bool) error {
 		}
 	}
 	return nil
-}
-
-// nodeIDOf is the node a new sandbox landed on: the scheduler's choice, else
-// the single node's configured id.
-func nodeIDOf(live nodeproto.Sandbox, def string) string {
-	if live.NodeID != "" {
-		return live.NodeID
-	}
-	return def
 }
 
 // trafficToken is a fresh traffic access token when the create disabled

@@ -72,8 +72,6 @@ type Config struct {
 	// (default 300 s).
 	DefaultTimeout time.Duration
 	Logger         *slog.Logger
-	// NodeID is recorded on each sandbox (single-node today).
-	NodeID string
 	// Elector decides whether this replica runs the expiry loop. Several
 	// replicas sharing one PostgreSQL store set a leader.Postgres elector so
 	// only the leader expires sandboxes; nil means always (one replica, SQLite). With an
