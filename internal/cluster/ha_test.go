@@ -465,3 +465,39 @@ func TestNodeListingCountsOtherReplicasSandboxes(t *testing.T) {
 		t.Fatalf("GET /nodes/n1 through B after A recorded 2 sandboxes: %+v, %v", st, err)
 	}
 }
+
+// A sandbox replica A has just made on a node, and not yet recorded, is in
+// the node's next heartbeat; when that heartbeat reaches replica B, B must
+// not tell the node to kill it (before, it did at first sight). A sandbox
+// that stays unknown is a real stray and goes a few heartbeats later.
+func TestHeartbeatSparesSandboxAnotherReplicaIsRecording(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	rs, _ := replicas(t, 2, Config{HeartbeatInterval: time.Hour, Clock: clk})
+	a, b := rs[0], rs[1]
+	ctx := context.Background()
+	node := newTokenNode(t, "t1")
+	registeredOnBoth(t, a, b, node)
+	if _, err := a.CreateSandbox(ctx, createReq("sb1")); err != nil {
+		t.Fatal(err)
+	}
+	kill, _, err := b.Heartbeat(ctx, "n1", []string{"sb1"}, nil, nil)
+	if err != nil || len(kill) != 0 {
+		t.Fatalf("heartbeat through B right after A's create: kill %v, %v", kill, err)
+	}
+	clk.SetTime(clk.Now().Add(strayGrace - time.Second))
+	if kill, _, _ := b.Heartbeat(ctx, "n1", []string{"sb1"}, nil, nil); len(kill) != 0 {
+		t.Fatalf("killed within the grace: %v", kill)
+	}
+	clk.SetTime(clk.Now().Add(time.Second))
+	if kill, _, _ := b.Heartbeat(ctx, "n1", []string{"sb1"}, nil, nil); len(kill) != 1 || kill[0] != "sb1" {
+		t.Fatalf("a sandbox unknown for the whole grace is a stray: kill %v", kill)
+	}
+	// A sandbox no longer reported is forgotten: if it comes back unknown,
+	// its grace starts again.
+	if _, _, err := b.Heartbeat(ctx, "n1", nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if kill, _, _ := b.Heartbeat(ctx, "n1", []string{"sb1"}, nil, nil); len(kill) != 0 {
+		t.Fatalf("sighting not forgotten: kill %v", kill)
+	}
+}

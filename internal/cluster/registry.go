@@ -139,6 +139,9 @@ type Registry struct {
 	nodes     map[string]*node
 	recent    map[string]time.Time // sandbox id -> create start
 	holds     map[string]hold      // sandbox id -> capacity held until the master records it
+	// unknown holds, per node, when this replica first saw each running
+	// sandbox it has no record of (see strayGrace).
+	unknown map[string]map[string]time.Time
 	life      Lifecycle
 	started   time.Time // a node heartbeating after it is confirmed (see node.confirmed)
 }
@@ -147,7 +150,8 @@ type Registry struct {
 func NewRegistry(cfg Config, st NodeStore, index SandboxIndex) *Registry {
 	cfg.defaults()
 	return &Registry{cfg: cfg, store: st, index: index, log: cfg.Logger.With("component", "cluster"),
-		nodes: map[string]*node{}, recent: map[string]time.Time{}, holds: map[string]hold{}, started: cfg.Clock.Now()}
+		nodes: map[string]*node{}, recent: map[string]time.Time{}, holds: map[string]hold{},
+		unknown: map[string]map[string]time.Time{}, started: cfg.Clock.Now()}
 }
 
 // SetLifecycle wires the master in (it is built after the registry).
@@ -460,12 +464,7 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 		}
 		remaining = append(remaining, sb)
 	}
-	for _, sid := range running {
-		if !known[sid] && !r.isRecent(sid) {
-			kill = append(kill, sid)
-		}
-	}
-	sort.Strings(kill)
+	kill = r.strays(id, running, known)
 	// One read of the sandbox table serves both the reconcile above and
 	// the capacity recount (less what was just forgotten).
 	r.recountFrom(remaining)
@@ -477,6 +476,46 @@ func (r *Registry) Heartbeat(ctx context.Context, id string, running []string, t
 // heartbeat takes from the node's listing to this check, short enough that
 // a sandbox dying right after its create is forgotten soon.
 const recordedGrace = 5 * time.Second
+
+// strayGrace is how long a sandbox a node runs must stay unknown to this
+// replica before the node is told to kill it. Another replica may have
+// made it and not yet written its record (the mirror of recordedGrace):
+// killing on first sight lost such sandboxes. A real stray (its create's
+// replica died before recording it) goes a few heartbeats later.
+const strayGrace = 5 * time.Second
+
+// strays returns the sandboxes running on node that have been unknown
+// (no record, no create in flight here) for strayGrace, and forgets the
+// first sightings of those no longer unknown.
+func (r *Registry) strays(node string, running []string, known map[string]bool) []string {
+	now := r.cfg.Clock.Now()
+	seen := map[string]time.Time{}
+	var kill []string
+	for _, sid := range running {
+		if known[sid] || r.isRecent(sid) {
+			continue
+		}
+		r.mu.Lock()
+		first, ok := r.unknown[node][sid]
+		r.mu.Unlock()
+		if !ok {
+			first = now
+		}
+		seen[sid] = first
+		if now.Sub(first) >= strayGrace {
+			kill = append(kill, sid)
+		}
+	}
+	r.mu.Lock()
+	if len(seen) == 0 {
+		delete(r.unknown, node)
+	} else {
+		r.unknown[node] = seen
+	}
+	r.mu.Unlock()
+	sort.Strings(kill)
+	return kill
+}
 
 func (r *Registry) isRecent(sandboxID string) bool {
 	r.mu.Lock()

@@ -118,8 +118,8 @@ func TestHeartbeatReconcilesWithRecords(t *testing.T) {
 	if err != nil || rereg {
 		t.Fatal(err, rereg)
 	}
-	if len(kill) != 1 || kill[0] != "stray" {
-		t.Fatalf("kill list %v, want [stray]", kill)
+	if len(kill) != 0 {
+		t.Fatalf("kill list %v at first sight, want none (another replica may be recording it)", kill)
 	}
 	if len(life.forgotten) != 1 || life.forgotten[0] != "lost" {
 		t.Fatalf("forgotten %v, want [lost]", life.forgotten)
