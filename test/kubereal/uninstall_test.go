@@ -84,6 +84,12 @@ func testUninstall(t *testing.T) {
 	for _, leak := range hostLeftovers(parent) {
 		t.Errorf("left on the host after uninstall and cleanup: %s", leak)
 	}
+
+	// The cleaned node, with no sandbox on its templates, is where a
+	// compute-only release that fetches `base` can start from nothing.
+	if !t.Failed() {
+		t.Run("ComputeOnly", testComputeOnly)
+	}
 }
 
 func flagValue(flags []string, name string) string {
