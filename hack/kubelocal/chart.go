@@ -26,10 +26,6 @@ func valuesYAML(c *Config) string {
   external:
     existingSecret: cube-db
     urlKey: url
-cubeNode:
-  # Room for the test suite's sandboxes (base asks 2 vCPU each): the default,
-  # 8 per core, allows 8 on this 2-core machine.
-  extraArgs: ["--cpu-capacity=64"]
 cubeNodeBootstrap:
   preflight:
     serviceCIDRs: [%s]

@@ -40,11 +40,15 @@ type RateLimits struct {
 	Creates ratelimit.Limit // POST /sandboxes and /v2/sandboxes (counted in All too)
 }
 
-// DefaultRateLimits: 200 requests/s (burst 400) and 20 creates/s (burst
-// 100) per key.
+// DefaultRateLimits: 1000 requests/s (burst 2000) per key, creates not
+// limited apart. A burst of creates the nodes have room for queues on them
+// (each node's create-parallelism gate runs creates in arrival order), so
+// an evaluation run starting 200 agents at once gets 200 sandboxes, not
+// 429s; the request limit only stops a runaway client. Installs shared by
+// several teams or untrusted keys set --create-rate-limit (docs/api.md).
 var DefaultRateLimits = RateLimits{
-	All:     ratelimit.Limit{Rate: 200, Burst: 400},
-	Creates: ratelimit.Limit{Rate: 20, Burst: 100},
+	All:     ratelimit.Limit{Rate: 1000, Burst: 2000},
+	Creates: ratelimit.Limit{},
 }
 
 // Option configures New.
@@ -87,6 +91,8 @@ func New(m *master.Master, keys KeyVerifier, logger *slog.Logger, opts ...Option
 	mux.Handle("POST /sandboxes/{sandboxID}/resume", auth(s.resume))   // deprecated v1
 	mux.Handle("POST /sandboxes/{sandboxID}/pause", auth(s.pause))
 	mux.Handle("GET /sandboxes/{sandboxID}/metrics", auth(s.metrics))
+	mux.Handle("GET /sandboxes/{sandboxID}/logs", auth(s.logsV1)) // deprecated v1; what `e2b sandbox logs` calls
+	mux.Handle("GET /v2/sandboxes/{sandboxID}/logs", auth(s.logsV2))
 	mux.Handle("PUT /sandboxes/{sandboxID}/network", auth(s.updateNetwork))
 	mux.Handle("POST /sandboxes/{sandboxID}/fork", auth(s.notImplemented("fork")))
 	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", auth(s.notImplemented("snapshots")))

@@ -56,6 +56,22 @@ func OpenLayout(l Layout, parent, id string) (*Cgroup, error) {
 	return &Cgroup{layout: l, parent: parent, id: id, dirs: l.dirs(rel)}, nil
 }
 
+// OpenParent returns a handle on parent itself (the cgroup sandbox cgroups
+// are made under), whose Stats are the usage of all of them together.
+func OpenParent(parent string) (*Cgroup, error) {
+	if parent == "" {
+		parent = DefaultParent
+	}
+	if err := validateName("parent", parent, true); err != nil {
+		return nil, err
+	}
+	l, err := DetectLayout()
+	if err != nil {
+		return nil, err
+	}
+	return &Cgroup{layout: l, parent: filepath.Dir(parent), id: filepath.Base(parent), dirs: l.dirs(parent)}, nil
+}
+
 // Version returns the cgroup version in use.
 func (c *Cgroup) Version() Version { return c.layout.Version }
 

@@ -62,6 +62,9 @@ func TestExitCodes(t *testing.T) {
 		{args: []string{"version"}, code: 0, stdout: "cube "},
 		// Single-dash long flags, which Go's flag package took, still parse.
 		{args: []string{"up", "-pool-size", "x"}, code: 2, stderrWant: `"--pool-size"`},
+		{args: []string{"up", "--pool-size", "-2"}, code: 2, stderrWant: "or auto"},
+		{args: []string{"cubelet", "--pool-size", "lots"}, code: 2, stderrWant: "or auto"},
+		{args: []string{"cubelet", "--cpu-overcommit", "x"}, code: 2, stderrWant: "--cpu-overcommit"},
 		{args: []string{"up", "-log-level=loud"}, code: 2, stderrWant: "debug, info, warn, error"},
 		{args: []string{"node", "ls", "-help"}, code: 0, stdout: "--server"},
 	} {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -72,8 +73,9 @@ func TestUpEnvBinding(t *testing.T) {
 		t.Fatalf("up: exit %d, %s", c.code, c.stderr)
 	}
 	def := *c.allInOne
-	if def.PoolSize != 4 || !def.PoolPrestart || def.Listen != "127.0.0.1:3000" || def.DataDir != "/var/lib/cube" ||
-		def.UserNS != nsrt.UserNSAuto || def.RateLimits.Creates.Burst != 100 || def.Network.PortMin == 0 {
+	if def.PoolSize != cubelet.PoolAdaptive || def.PoolMemoryMB <= 0 || !def.PoolPrestart || def.Listen != "127.0.0.1:3000" || def.DataDir != "/var/lib/cube" ||
+		def.UserNS != nsrt.UserNSAuto || !def.RateLimits.Creates.Unlimited() || def.Network.PortMin == 0 ||
+		def.Capacity == nil || def.Capacity.MaxSandboxes != 0 || def.Capacity.CpuCount != 0 || def.Capacity.MemoryReserveMb <= 0 {
 		t.Errorf("defaults: %+v", def)
 	}
 
@@ -111,6 +113,13 @@ func TestUpEnvBinding(t *testing.T) {
 	c = capture(t, "up", "--pool-templates", "a=2, b=0", "--pool-templates", "c=1")
 	if want := []cubelet.PoolTarget{{Template: "a", Size: 2}, {Template: "b", Size: 0}, {Template: "c", Size: 1}}; c.code != 0 || !slices.Equal(c.allInOne.PoolTemplates, want) {
 		t.Errorf("--pool-templates a=2,b=0 --pool-templates c=1: exit %d %s %v", c.code, c.stderr, c.allInOne)
+	}
+	c = capture(t, "up", "--pool-templates", "code-interpreter-v1=auto")
+	if want := []cubelet.PoolTarget{{Template: "code-interpreter-v1", Size: cubelet.PoolAdaptive}}; c.code != 0 || !slices.Equal(c.allInOne.PoolTemplates, want) {
+		t.Errorf("--pool-templates code-interpreter-v1=auto: exit %d %s %v", c.code, c.stderr, c.allInOne)
+	}
+	if c = capture(t, "up", "--pool-templates", "x=-1"); c.code != 2 || !strings.Contains(c.stderr, "TEMPLATE=auto") {
+		t.Errorf("--pool-templates x=-1: exit %d %s", c.code, c.stderr)
 	}
 	if c = capture(t, "up", "--pool-templates="); c.code != 0 || len(c.allInOne.PoolTemplates) != 0 {
 		t.Errorf("--pool-templates= : exit %d %s %v", c.code, c.stderr, c.allInOne)
@@ -189,6 +198,13 @@ func TestServerAndCubeletEnv(t *testing.T) {
 		got.NodeID != "n7" || got.Listen != "127.0.0.1:7171" || got.PoolSize != 0 || got.Capacity.MaxSandboxes != 9 {
 		t.Errorf("cubelet: exit %d %s %+v", c.code, c.stderr, c.cubelet)
 	}
+	t.Setenv("CUBE_CPU_OVERCOMMIT", "3")
+	c = capture(t, "cubelet", "--memory-reserve-mb", "700")
+	if got := c.cubelet; c.code != 0 || got.PoolSize != cubelet.PoolAdaptive || got.Capacity.MaxSandboxes != 500 || got.Capacity.MaxCreates != 0 ||
+		got.Capacity.CpuCount != int32(3*runtime.NumCPU()) || got.Capacity.MemoryReserveMb != 700 || got.Capacity.MemoryMb != 0 {
+		t.Errorf("cubelet capacity: exit %d %s %+v", c.code, c.stderr, c.cubelet)
+	}
+	t.Setenv("CUBE_CPU_OVERCOMMIT", "")
 	t.Setenv("CUBE_POOL_SIZE", "many")
 	if c := capture(t, "cubelet"); c.code != 2 || !strings.Contains(c.stderr, `invalid CUBE_POOL_SIZE "many"`) || c.startedRoles != 0 {
 		t.Errorf("cubelet with CUBE_POOL_SIZE=many: exit %d %s", c.code, c.stderr)

@@ -83,6 +83,14 @@ func addUserNSFlag(fs *pflag.FlagSet, mode *nsrt.UserNSMode) {
 	bindEnv(fs, "userns", "CUBE_USERNS")
 }
 
+// addSeccompLogFlag registers --seccomp-log (env CUBE_SECCOMP_LOG): the
+// kernel logs each syscall a sandbox's filter refuses and the cubelet logs
+// it with the sandbox id (docs/security.md, "Reading the seccomp log").
+func addSeccompLogFlag(fs *pflag.FlagSet, v *bool) {
+	fs.BoolVar(v, "seccomp-log", false, "log each syscall the sandbox filter refuses, with the sandbox id (calls still fail with EPERM; reads the kernel log /dev/kmsg; applies to sandboxes started after)")
+	bindEnv(fs, "seccomp-log", "CUBE_SECCOMP_LOG")
+}
+
 // addRateLimitFlags registers the per-API-key rate limits of the API role
 // (--api-rate-limit, --create-rate-limit), starting from
 // api.DefaultRateLimits, and returns where they land.

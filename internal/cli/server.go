@@ -5,12 +5,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	nodev1 "github.com/cube-dev/cube/api/gen/node/v1"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/roles"
 )
@@ -95,8 +93,7 @@ func newCubeletCmd(r runners) *cobra.Command {
 	cfg := roles.CubeletConfig{Network: cubevs.DefaultConfig()}
 	host, _ := os.Hostname()
 	var servers string
-	var maxSBX, maxCreates, cpus int
-	var memMB int64
+	var capFlags *capacityFlags
 	var logLevel slog.Level
 	c := &cobra.Command{
 		Use:   "cubelet",
@@ -119,7 +116,9 @@ create and manage this node's sandboxes.`,
 			if err != nil {
 				return err
 			}
-			cfg.Capacity = &nodev1.Capacity{CpuCount: int32(cpus), MemoryMb: memMB, MaxSandboxes: int32(maxSBX), MaxCreates: int32(maxCreates)}
+			if cfg.Capacity, err = capFlags.capacity(); err != nil {
+				return err
+			}
 			exe, err := os.Executable()
 			if err != nil {
 				return err
@@ -160,21 +159,19 @@ create and manage this node's sandboxes.`,
 	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
 	bindEnv(fs, "envd", "CUBE_ENVD")
 	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
-	fs.IntVar(&cfg.PoolSize, "pool-size", 4, "warm-pool slots kept ready for fast creates; 0 disables")
-	bindEnv(fs, "pool-size", "CUBE_POOL_SIZE")
+	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB)
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", true, "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only")
 	bindEnv(fs, "pool-prestart", "CUBE_POOL_PRESTART")
 	addPoolTemplatesFlag(fs, &cfg.PoolTemplates)
+	addSandboxLogFlags(fs, &cfg.SandboxLogs)
 	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", 0, "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit")
 	bindEnv(fs, "create-parallelism", "CUBE_CREATE_PARALLELISM")
 	addUserNSFlag(fs, &cfg.UserNS)
+	addSeccompLogFlag(fs, &cfg.SeccompLog)
 	addHostMountNSFlag(fs, &cfg.HostMountNS)
 	addNetworkFlags(fs, &cfg.Network)
 	addNodeCIDRFlag(fs, &cfg.Network.NodeCIDR, "sandbox address range of this node")
-	fs.IntVar(&maxSBX, "max-sandboxes", 500, "most sandboxes this node takes")
-	fs.IntVar(&maxCreates, "max-creates", 50, "most concurrent creates this node takes")
-	fs.IntVar(&cpus, "cpu-capacity", 8*runtime.NumCPU(), "schedulable vCPUs (sandbox cpuCount is summed against it)")
-	fs.Int64Var(&memMB, "memory-capacity-mb", 2*hostMemoryMB(), "schedulable memory in MiB")
+	capFlags = addCapacityFlags(fs, 500)
 	addMetricsListenFlag(fs, &cfg.MetricsListen, "CUBE_CUBELET_METRICS_LISTEN", "0.0.0.0:9465")
 	addLogLevel(fs, &logLevel, slog.LevelInfo)
 	return c

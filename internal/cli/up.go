@@ -16,6 +16,7 @@ func newUpCmd(r runners) *cobra.Command {
 	cfg := roles.AllInOneConfig{Network: cubevs.DefaultConfig()}
 	var logLevel slog.Level
 	var pprofAddr string
+	var capFlags *capacityFlags
 	c := &cobra.Command{
 		Use:   "up",
 		Short: "start all-in-one Cube (server + cubelet) on this machine",
@@ -34,6 +35,9 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 				return err
 			}
 			cfg.Exe = roles.ShimBinary(exe)
+			if cfg.Capacity, err = capFlags.capacity(); err != nil {
+				return err
+			}
 			if cfg.EnvdPath == "" {
 				cfg.EnvdPath = filepath.Join(filepath.Dir(exe), "envd")
 			}
@@ -63,19 +67,23 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
 	bindEnv(fs, "envd", "CUBE_ENVD")
 	addNodeCIDRFlag(fs, &cfg.Network.NodeCIDR, "sandbox address range of this node")
-	fs.IntVar(&cfg.PoolSize, "pool-size", 4, "warm-pool slots (netns + veth + IP + disk) kept ready for fast creates; 0 disables")
-	bindEnv(fs, "pool-size", "CUBE_POOL_SIZE")
+	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB)
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", true, "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only")
 	bindEnv(fs, "pool-prestart", "CUBE_POOL_PRESTART")
 	addPoolTemplatesFlag(fs, &cfg.PoolTemplates)
+	addSandboxLogFlags(fs, &cfg.SandboxLogs)
 	fs.IntVar(&cfg.CreateParallelism, "create-parallelism", 0, "creates run at once on this node, the rest wait in arrival order; 0 = two per CPU, -1 = no limit")
 	bindEnv(fs, "create-parallelism", "CUBE_CREATE_PARALLELISM")
 	addUserNSFlag(fs, &cfg.UserNS)
+	addSeccompLogFlag(fs, &cfg.SeccompLog)
 	addHostMountNSFlag(fs, &cfg.HostMountNS)
 	fs.BoolVar(&cfg.PrebuildInterp, "prebuild-code-interpreter", true, "build template code-interpreter-v1 in the background after start (false: on its first create)")
 	bindEnv(fs, "prebuild-code-interpreter", "CUBE_PREBUILD_CODE_INTERPRETER")
 	addInsecureRegistryFlag(fs, &cfg.InsecureRegistries)
 	cfg.RateLimits = addRateLimitFlags(fs)
+	// No count limit by default, as before: the node's address range and
+	// the memory reserve bound it.
+	capFlags = addCapacityFlags(fs, 0)
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "cube", "cgroup under which sandbox cgroups are made (shims go to <parent>-shims)")
 	bindEnv(fs, "cgroup-parent", "CUBE_CGROUP_PARENT")
 	addNetworkFlags(fs, &cfg.Network)

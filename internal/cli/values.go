@@ -156,7 +156,7 @@ func (v funcValue) Set(s string) error { return v.set(s) }
 func (v funcValue) Type() string       { return v.typ }
 
 // poolTargetsValue is a comma-separated list of TEMPLATE=N (pre-started
-// warm-pool slots per template); empty is none. The first value given
+// warm-pool slots per template; N=auto: by demand); empty is none. The first value given
 // replaces the default, later ones (a repeated flag) add to it.
 type poolTargetsValue struct {
 	ts  *[]cubelet.PoolTarget
@@ -166,7 +166,11 @@ type poolTargetsValue struct {
 func (v *poolTargetsValue) String() string {
 	parts := make([]string, 0, len(*v.ts))
 	for _, t := range *v.ts {
-		parts = append(parts, fmt.Sprintf("%s=%d", t.Template, t.Size))
+		n := strconv.Itoa(t.Size)
+		if t.Size == cubelet.PoolAdaptive {
+			n = "auto"
+		}
+		parts = append(parts, t.Template+"="+n)
 	}
 	return strings.Join(parts, ",")
 }
@@ -182,8 +186,14 @@ func (v *poolTargetsValue) Set(s string) error {
 		}
 		name, n, ok := strings.Cut(part, "=")
 		size, err := strconv.Atoi(strings.TrimSpace(n))
-		if name = strings.TrimSpace(name); !ok || name == "" || err != nil || size < 0 {
-			return fmt.Errorf("%q: want TEMPLATE=N with N >= 0, e.g. code-interpreter-v1=1", part)
+		if err == nil && size < 0 {
+			err = strconv.ErrRange
+		}
+		if strings.TrimSpace(n) == "auto" {
+			size, err = cubelet.PoolAdaptive, nil
+		}
+		if name = strings.TrimSpace(name); !ok || name == "" || err != nil {
+			return fmt.Errorf("%q: want TEMPLATE=N with N >= 0 or TEMPLATE=auto, e.g. code-interpreter-v1=1", part)
 		}
 		*v.ts = append(*v.ts, cubelet.PoolTarget{Template: name, Size: size})
 	}
@@ -197,7 +207,7 @@ func (*poolTargetsValue) Type() string { return "template=n,..." }
 func addPoolTemplatesFlag(fs *pflag.FlagSet, ts *[]cubelet.PoolTarget) {
 	*ts = []cubelet.PoolTarget{{Template: template.InterpName, Size: 1}}
 	fs.Var(&poolTargetsValue{ts: ts}, "pool-templates",
-		"pre-started warm-pool slots of other templates, TEMPLATE=N,... (their boot work done: a code-interpreter slot has its kernel up); "+
+		"pre-started warm-pool slots of other templates, TEMPLATE=N,... (their boot work done: a code-interpreter slot has its kernel up); N=auto follows the template's demand within --pool-memory-mb; "+
 			"made once the template is on the node; needs --pool-prestart, none with --pool-size 0; empty for none")
 	bindEnv(fs, "pool-templates", "CUBE_POOL_TEMPLATES")
 }

@@ -101,6 +101,7 @@ type node struct {
 	usedMemMB int64
 	count     int
 	inflight  int
+	usage     *NodeUsage // last usage report received here (usage.go)
 	// confirmed: the node has answered since this server started (a
 	// heartbeat or registration here or, read from the store, through
 	// another replica; or a probe with its token on record).
@@ -142,8 +143,8 @@ type Registry struct {
 	// unknown holds, per node, when this replica first saw each running
 	// sandbox it has no record of (see strayGrace).
 	unknown map[string]map[string]time.Time
-	life      Lifecycle
-	started   time.Time // a node heartbeating after it is confirmed (see node.confirmed)
+	life    Lifecycle
+	started time.Time // a node heartbeating after it is confirmed (see node.confirmed)
 }
 
 // NewRegistry returns a registry backed by st; call Load before serving.
@@ -555,7 +556,7 @@ func (r *Registry) statusLocked(n *node) NodeStatus {
 	st := NodeStatus{
 		ID: n.rec.ID, State: n.state(), Reason: n.reason, Version: n.rec.Version, Address: n.rec.RPCURL,
 		Sandboxes: n.count, Inflight: n.inflight, UsedCPU: n.usedCPU, UsedMemoryMB: n.usedMemMB,
-		Capacity: n.rec.Capacity, LastHeartbeat: n.lastBeat.UTC(), Health: n.rec.Health,
+		Capacity: n.rec.Capacity, LastHeartbeat: n.lastBeat.UTC(), Health: n.rec.Health, Usage: n.usage,
 	}
 	for _, t := range n.rec.Templates {
 		st.Templates = append(st.Templates, t.Name)

@@ -27,6 +27,7 @@ func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate
 			ID: n.rec.ID, State: n.state(), CPU: n.rec.Capacity.CPUCount, MemoryMB: n.rec.Capacity.MemoryMB,
 			MaxSBX: n.rec.Capacity.MaxSandboxes, MaxCreates: n.rec.Capacity.MaxCreates,
 			UsedCPU: n.usedCPU, UsedMemMB: n.usedMemMB, Sandboxes: n.count, Inflight: n.inflight, Fetchable: fetchable,
+			MemReserveMB: n.rec.Capacity.MemoryReserveMB, Usage: n.usage,
 		}
 		for _, t := range n.rec.Templates {
 			if t.Name == template {
@@ -285,7 +286,8 @@ func (r *Registry) Template(ctx context.Context, name string) (master.TemplateIn
 // lookupTemplate is Template, also reporting whether the server holds the
 // template (and can ship it to nodes that lack it).
 func (r *Registry) lookupTemplate(ctx context.Context, name string) (tpl master.TemplateInfo, fetchable bool, err error) {
-	if t, err := r.serverTemplate(ctx, name); err == nil {
+	t, serr := r.serverTemplate(ctx, name)
+	if serr == nil {
 		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, true, nil
 	}
 	r.mu.Lock()
@@ -296,6 +298,10 @@ func (r *Registry) lookupTemplate(ctx context.Context, name string) (tpl master.
 				return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, false, nil
 			}
 		}
+	}
+	if !errors.Is(serr, errdefs.ErrNotFound) {
+		// e.g. a built-in template still being built (503, try again).
+		return master.TemplateInfo{}, false, serr
 	}
 	return master.TemplateInfo{}, false, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
 }

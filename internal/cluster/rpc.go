@@ -67,7 +67,8 @@ func (s *registryServer) Register(ctx context.Context, req *connect.Request[node
 	c := n.GetCapacity()
 	rec := NodeRecord{
 		ID: n.GetNodeId(), Version: n.GetVersion(), RPCURL: n.GetRpcUrl(), DataIP: n.GetDataIp(), Token: n.GetToken(),
-		Capacity:  Capacity{CPUCount: int(c.GetCpuCount()), MemoryMB: c.GetMemoryMb(), MaxSandboxes: int(c.GetMaxSandboxes()), MaxCreates: int(c.GetMaxCreates())},
+		Capacity: Capacity{CPUCount: int(c.GetCpuCount()), MemoryMB: c.GetMemoryMb(), MaxSandboxes: int(c.GetMaxSandboxes()), MaxCreates: int(c.GetMaxCreates()),
+			MemoryReserveMB: c.GetMemoryReserveMb()},
 		Templates: templatesFromProto(n.GetTemplates()),
 		Health:    healthFromProto(n.GetHealth()),
 	}
@@ -83,6 +84,10 @@ func (s *registryServer) Heartbeat(ctx context.Context, req *connect.Request[nod
 	kill, rereg, err := s.r.Heartbeat(ctx, req.Msg.NodeId, req.Msg.SandboxIds, templatesFromProto(req.Msg.Templates), healthFromProto(req.Msg.Health))
 	if err != nil {
 		return nil, nodeapi.ToConnect(err)
+	}
+	if u := req.Msg.GetUsage(); u != nil && !rereg {
+		s.r.RecordUsage(req.Msg.NodeId, NodeUsage{MemoryAvailableMB: u.GetMemoryAvailableMb(), SandboxResidentMB: u.GetSandboxResidentMb(),
+			Sandboxes: int(u.GetSandboxes()), CPUUsedMilli: int(u.GetCpuUsedMilli()), CPUs: int(u.GetCpus())})
 	}
 	return connect.NewResponse(&nodev1.HeartbeatResponse{KillSandboxIds: kill, Reregister: rereg}), nil
 }

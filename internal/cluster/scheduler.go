@@ -22,6 +22,10 @@ type Candidate struct {
 	UsedMemMB   int64
 	Sandboxes   int
 	Inflight    int // creates in progress
+	// MemReserveMB is the memory the node keeps free by its Usage
+	// report (0: no usage-based check).
+	MemReserveMB int64
+	Usage        *NodeUsage // nil: the node has not reported usage here
 }
 
 // Request is one sandbox to place.
@@ -42,13 +46,15 @@ func Filter(cands []Candidate, req Request) (ok []Candidate, rejected map[string
 		case !c.HasTemplate && !c.Fetchable:
 			rejected[c.ID] = fmt.Sprintf("template %q not on node", req.Template)
 		case c.MaxSBX > 0 && c.Sandboxes+c.Inflight >= c.MaxSBX:
-			rejected[c.ID] = fmt.Sprintf("sandbox limit %d reached", c.MaxSBX)
+			rejected[c.ID] = fmt.Sprintf("sandbox limit %d reached (cubelet --max-sandboxes)", c.MaxSBX)
 		case c.MaxCreates > 0 && c.Inflight >= c.MaxCreates:
-			rejected[c.ID] = fmt.Sprintf("%d creates in flight", c.Inflight)
+			rejected[c.ID] = fmt.Sprintf("%d creates in flight, the most it takes at once (cubelet --max-creates; 0 queues them on the node)", c.Inflight)
 		case c.CPU > 0 && c.UsedCPU+req.CPU > c.CPU:
-			rejected[c.ID] = fmt.Sprintf("cpu: %d of %d used, %d requested", c.UsedCPU, c.CPU, req.CPU)
+			rejected[c.ID] = fmt.Sprintf("cpu: %d of %d vCPU allotted, %d requested (cubelet --cpu-overcommit or --cpu-capacity)", c.UsedCPU, c.CPU, req.CPU)
 		case c.MemoryMB > 0 && c.UsedMemMB+req.MemoryMB > c.MemoryMB:
-			rejected[c.ID] = fmt.Sprintf("memory: %d of %d MiB used, %d requested", c.UsedMemMB, c.MemoryMB, req.MemoryMB)
+			rejected[c.ID] = fmt.Sprintf("memory: %d of %d MiB allotted, %d requested (cubelet --memory-overcommit or --memory-capacity-mb)", c.UsedMemMB, c.MemoryMB, req.MemoryMB)
+		case memoryCheck(c.Usage, c.MemReserveMB, c.Sandboxes+c.Inflight) != "":
+			rejected[c.ID] = memoryCheck(c.Usage, c.MemReserveMB, c.Sandboxes+c.Inflight)
 		default:
 			ok = append(ok, c)
 		}
@@ -58,7 +64,8 @@ func Filter(cands []Candidate, req Request) (ok []Candidate, rejected map[string
 
 // Score ranks a feasible candidate: higher is better. Free capacity spreads
 // load across nodes; a node that already has the template wins over one
-// that would have to fetch it; creates in flight count against a node.
+// that would have to fetch it; creates in flight and CPU the node reports
+// busy count against a node.
 func Score(c Candidate, req Request) float64 {
 	free := func(used, total int64) float64 {
 		if total <= 0 {
@@ -74,6 +81,7 @@ func Score(c Candidate, req Request) float64 {
 		s += 50
 	}
 	s -= 5 * float64(c.Inflight)
+	s -= 20 * c.Usage.cpuBusy()
 	return s
 }
 

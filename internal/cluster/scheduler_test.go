@@ -122,3 +122,72 @@ func TestReserveUnderConcurrency(t *testing.T) {
 		}
 	}
 }
+
+// Usage-based memory: a node keeps its reserve free by what its sandboxes
+// use, counting the creates since its last report at the per-sandbox
+// average; nominal sizes do not matter when no nominal capacity is set.
+func TestFilterByReportedMemory(t *testing.T) {
+	req := Request{Template: "base", CPU: 2, MemoryMB: 512}
+	node := func(availMB int64, count, atReport int) Candidate {
+		return Candidate{ID: "n", State: StateReady, HasTemplate: true, MemReserveMB: 1000, Sandboxes: count,
+			Usage: &NodeUsage{MemoryAvailableMB: availMB, SandboxResidentMB: 10 * 20, Sandboxes: 10, countAtReport: atReport}}
+	}
+	cases := []struct {
+		name   string
+		c      Candidate
+		ok     bool
+		reason string
+	}{
+		// 20 MiB per sandbox: 2000-20 >= 1000.
+		{"room", node(2000, 10, 10), true, ""},
+		// 50 creates since the report at 20 MiB: 2000-1000-20 < 1000.
+		{"creates since the report", node(2000, 60, 10), false, "--memory-reserve-mb"},
+		{"reserve reached", node(1010, 10, 10), false, "must stay free"},
+		{"sandboxes ended since", node(2000, 0, 10), true, ""},
+		{"no report", Candidate{ID: "n", State: StateReady, HasTemplate: true, MemReserveMB: 1000}, true, ""},
+		{"no reserve", mod(node(10, 10, 10), func(c *Candidate) { c.MemReserveMB = 0 }), true, ""},
+		// 2-vCPU sandboxes far past the node's cores: no nominal cpu
+		// capacity set, so only usage counts.
+		{"nominal cpu unlimited", mod(node(20000, 400, 400), func(c *Candidate) { c.UsedCPU = 800 }), true, ""},
+	}
+	for _, c := range cases {
+		ok, rej := Filter([]Candidate{c.c}, req)
+		if (len(ok) == 1) != c.ok {
+			t.Errorf("%s: feasible=%v, want %v (%v)", c.name, len(ok) == 1, c.ok, rej)
+		}
+		if !c.ok && !strings.Contains(rej["n"], c.reason) {
+			t.Errorf("%s: reason %q should mention %q", c.name, rej["n"], c.reason)
+		}
+	}
+}
+
+func mod(c Candidate, f func(*Candidate)) Candidate { f(&c); return c }
+
+// Every rejection names the cubelet flag that raises the limit, since the
+// message reaches the API client in the 503.
+func TestRejectionsNameTheirFlag(t *testing.T) {
+	req := Request{Template: "base", CPU: 2, MemoryMB: 512}
+	for flag, c := range map[string]Candidate{
+		"--max-sandboxes":     mod(ready("n"), func(c *Candidate) { c.Sandboxes = 100 }),
+		"--max-creates":       mod(ready("n"), func(c *Candidate) { c.Inflight = 10 }),
+		"--cpu-overcommit":    mod(ready("n"), func(c *Candidate) { c.UsedCPU = 16 }),
+		"--memory-overcommit": mod(ready("n"), func(c *Candidate) { c.UsedMemMB = 16384 }),
+		"--memory-reserve-mb": mod(ready("n"), func(c *Candidate) { c.MemReserveMB = 100; c.Usage = &NodeUsage{MemoryAvailableMB: 50} }),
+	} {
+		_, err := Pick([]Candidate{c}, req)
+		if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}
+
+// A node whose sandboxes keep its CPU busy loses to an idle one.
+func TestScorePrefersIdleCPU(t *testing.T) {
+	req := Request{Template: "base", CPU: 2, MemoryMB: 512}
+	busy, idle := ready("a"), ready("b")
+	busy.Usage = &NodeUsage{CPUs: 2, CPUUsedMilli: 1900}
+	idle.Usage = &NodeUsage{CPUs: 2, CPUUsedMilli: 100}
+	if got, _ := Pick([]Candidate{busy, idle}, req); got != "b" {
+		t.Errorf("got %s, want the idle node b", got)
+	}
+}

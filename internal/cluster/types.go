@@ -32,6 +32,10 @@ type Capacity struct {
 	MemoryMB     int64 `json:"memoryMB"`
 	MaxSandboxes int   `json:"maxSandboxes"`
 	MaxCreates   int   `json:"maxCreates"`
+	// MemoryReserveMB is the memory the node keeps free, checked against
+	// its usage reports (NodeUsage); 0 (cubelets older than this field):
+	// no such check.
+	MemoryReserveMB int64 `json:"memoryReserveMB,omitempty"`
 }
 
 // TemplateRef names a template a node holds.
@@ -121,6 +125,7 @@ type NodeStatus struct {
 	LastHeartbeat time.Time   `json:"lastHeartbeat"`
 	Drain         *DrainState `json:"drain,omitempty"`
 	Health        *NodeHealth `json:"health,omitempty"`
+	Usage         *NodeUsage  `json:"usage,omitempty"` // last report this replica received
 }
 
 // DrainState reports a drain's progress.

@@ -151,5 +151,9 @@ func (c *Cubelet) setPaused(ctx context.Context, id string, paused bool) error {
 		return err
 	}
 	rec.Paused = paused
-	return c.putRecord(rec)
+	if err := c.putRecord(rec); err != nil {
+		return err
+	}
+	c.logPaused(id, paused)
+	return nil
 }

@@ -67,7 +67,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (_ Sandb
 		return Sandbox{}, err
 	}
 	if !req.WritableOnHost {
-		if s, ok := c.takeUsableSlot(tmpl); ok {
+		if s, ok := c.takeUsableSlot(tmpl, start); ok {
 			b.from, b.reached = &s, s.stage
 		}
 		c.metrics.poolTake(tmpl.Name, b.from != nil)
@@ -80,6 +80,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (_ Sandb
 		"envdHostPort", b.hostPort, "runtime", b.rec.Runtime())
 	c.log.Debug("sandbox create steps", append([]any{"sandbox", b.rec.ID}, b.st.attrs()...)...)
 	c.metrics.created(createPath(b.from), tmpl.Name, time.Since(start))
+	c.logCreated(b.rec, createPath(b.from))
 	sb := toSandbox(b.rec)
 	sb.EnvdAccessToken = b.token
 	return sb, nil
@@ -104,6 +105,7 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 	if args, binds, err = c.withInterp(rootfs, args, binds); err != nil {
 		return nsrt.Spec{}, err
 	}
+	binds = c.withLogPipe(dir, binds)
 	return nsrt.Spec{
 		ID:        rec.Runtime(),
 		StateDir:  dir,
@@ -125,6 +127,7 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		ReadyTimeout: envdReadyTimeout,
 		UserNS:       userns,
 		Reaper:       reaper,
+		Seccomp:      c.seccompSpec(),
 	}, nil
 }
 

@@ -63,8 +63,12 @@ type Config struct {
 	// (default DefaultMaintainInterval; negative disables).
 	MaintainInterval time.Duration
 	// PoolSize is how many pre-provisioned slots the warm pool keeps
-	// (0 disables it: every create is cold).
+	// (0 disables it: every create is cold; PoolAdaptive sizes it by
+	// demand within PoolMemoryMB, see pooldemand.go).
 	PoolSize int
+	// PoolMemoryMB is the adaptive pool's memory budget (0:
+	// DefaultPoolMemoryMB of the host's memory); unused at a fixed size.
+	PoolMemoryMB int64
 	// PoolPrestart makes slots pre-started sandboxes of PoolTemplate (see
 	// pool.go); false keeps plain slots (IP + netns + veth + disk image).
 	PoolPrestart bool
@@ -88,6 +92,10 @@ type Config struct {
 	// is an unprivileged host id): auto (the default, ""), on or off; see
 	// nsrt.ResolveUserNS.
 	UserNS nsrt.UserNSMode
+	// SeccompLog installs sandbox filters in log mode: the kernel logs each
+	// refused syscall and the cubelet logs it with the sandbox's id (see
+	// watchSeccomp and docs/security.md).
+	SeccompLog bool
 	// Network configures CubeVS.
 	Network cubevs.Config
 	// Logger receives the cubelet's logs.
@@ -104,6 +112,8 @@ type Config struct {
 	// Version is the cubelet's version, part of the runtime stamp that
 	// tells warm-pool slots of an earlier runtime (default version.Version).
 	Version string
+	// Logs bounds the sandbox logs the node keeps (sandboxlogs.go).
+	Logs LogConfig
 }
 
 // Cubelet is the node agent.
@@ -143,7 +153,9 @@ type Cubelet struct {
 	shimNS    *mountns.NS
 	shimExe   string
 	runtime   atomic.Pointer[RuntimeInfo]
-	metrics   *metrics // see RegisterMetrics
+	metrics   *metrics        // see RegisterMetrics
+	logs      *sandboxLogs    // nil: no sandbox logs (offline tools)
+	disks     *nsrt.DiskCache // formatted disk images to copy (steps.go: makeDisk)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -162,6 +174,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	if err := validatePoolTargets(cfg); err != nil {
 		return nil, err
+	}
+	if anyAdaptive(cfg) && cfg.PoolMemoryMB == 0 {
+		cfg.PoolMemoryMB = DefaultPoolMemoryMB(hostMemoryMB())
 	}
 	switch {
 	case cfg.PoolSize == 0:
@@ -194,6 +209,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	c := newCubelet(cfg, templates, dp, store)
 	c.pool = pool{kick: make(chan struct{}, 1), building: map[string]int{}, missing: map[string]time.Time{}}
+	if c.anyAdaptive() {
+		c.pool.demand = newDemand()
+	}
 	c.turns = newTurns(cfg.CreateParallelism)
 	c.stopPool = func() {}
 	if err := c.setUpRuntime(); err != nil {
@@ -206,6 +224,7 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		return nil, fmt.Errorf("reconcile node: %w", err)
 	}
 	c.metrics.recordReconcile(rep)
+	c.startLogs()
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	poolDone := make(chan struct{})
 	// Stopping waits for a slot being made, so a shutdown that removes the
@@ -222,6 +241,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	if cfg.MaintainInterval > 0 {
 		go c.maintain(bg, cfg.MaintainInterval)
 	}
+	if cfg.SeccompLog {
+		go c.watchSeccomp(bg)
+	}
 	return c, nil
 }
 
@@ -232,6 +254,7 @@ func (c *Cubelet) Close() error {
 		if c.stopPool != nil {
 			c.stopPool()
 		}
+		c.stopLogs()
 		c.closeErr = errors.Join(c.dp.Close(), c.store.Close())
 		c.watches.closeAll()
 		if c.shimNS != nil {

@@ -44,6 +44,7 @@ func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
 // past failed steps and returns them joined; the record stays if anything
 // is left, so the next retry (maintain, Reconcile) finishes it.
 func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
+	c.logEnded(ctx, rec)
 	killErr, err := c.stop(ctx, rec)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/nodestore"
 )
 
@@ -55,7 +56,7 @@ func (c *Cubelet) sweepDead(ctx context.Context) []string {
 			continue
 		}
 		c.log.Warn("sandbox died: its supervisor is gone; removing it", "sandbox", r.ID)
-		err = c.teardown(ctx, cur)
+		err = c.teardown(nodeproto.WithKillReason(ctx, reasonDied), cur)
 		unlock()
 		if err != nil {
 			c.log.Warn("remove dead sandbox", "sandbox", r.ID, "err", err)

@@ -231,11 +231,12 @@ func (c *Cubelet) poolCounts() (target, ready map[string]int) {
 	if c.cfg.PoolPrestart {
 		main = c.poolTemplate()
 	}
-	if c.cfg.PoolSize > 0 {
-		target[main] = c.cfg.PoolSize
+	sz := c.sizesAt(time.Now())
+	if sz.main > 0 {
+		target[main] = sz.main
 	}
 	for _, t := range c.cfg.PoolTemplates {
-		target[t.Template] += t.Size
+		target[t.Template] += sz.extras[t.Template]
 	}
 	c.pool.mu.Lock()
 	defer c.pool.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -159,5 +161,6 @@ func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, 
 		reservedIPs:   map[netip.Addr]bool{},
 		reservedPorts: map[uint16]bool{},
 		metrics:       newMetrics(),
+		disks:         nsrt.NewDiskCache(filepath.Join(cfg.StateDir, "disks")),
 	}
 }

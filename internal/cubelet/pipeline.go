@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/failpoint"
 	"github.com/cube-dev/cube/internal/nodestore"
+	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -154,7 +157,14 @@ func (b *build) run(ctx context.Context, last int) (err error) {
 			b.undo(ctx)
 		}
 	}()
-	for _, i := range b.plan(last) {
+	plan := b.plan(last)
+	if slices.Contains(plan, stepLaunch) {
+		// launch puts the init into its cgroup, a migration that waits
+		// for an RCU grace period on cgroup v1 (~15 ms): start that wait
+		// now, alongside the steps before it.
+		cgroup.PrimeMigration(nsrt.ShimCgroup(b.c.cfg.CgroupParent))
+	}
+	for _, i := range plan {
 		s := &createSteps[i]
 		b.reached = max(b.reached, i)
 		if err := s.do(b, ctx); err != nil {

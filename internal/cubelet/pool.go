@@ -111,6 +111,9 @@ type pool struct {
 	// creating counts creates in flight: a refill waits for a quiet
 	// moment (at most refillYield) so it does not take CPU from them.
 	creating inflight
+	// demand counts creates per template for the adaptive pool
+	// (pooldemand.go); nil when the pool size is fixed.
+	demand *demand
 }
 
 // refillYield is the longest a refill waits for creates in flight to end
@@ -231,6 +234,10 @@ func (c *Cubelet) refill(ctx context.Context) {
 			}
 			continue
 		}
+		if c.trimLocked(time.Now()) {
+			c.pool.mu.Unlock()
+			continue
+		}
 		target, need, wake := c.nextTargetLocked(time.Now())
 		if need <= 0 {
 			c.pool.mu.Unlock()
@@ -245,7 +252,15 @@ func (c *Cubelet) refill(ctx context.Context) {
 			c.kickPool() // wake another worker
 		}
 		c.yieldToCreates(ctx)
-		slot, err := c.makeSlot(ctx, target)
+		// A slot is made in a create turn: creates waiting for one are
+		// ahead of it, and slots never add to the creates running at
+		// once (Config.CreateParallelism).
+		var slot poolSlot
+		endTurn, err := c.takeTurn(ctx)
+		if err == nil {
+			slot, err = c.makeSlot(ctx, target)
+			endTurn()
+		}
 		c.pool.mu.Lock()
 		c.pool.building[target]--
 		if errors.Is(err, errTemplateNotHere) {

@@ -23,7 +23,8 @@ import (
 // code-interpreter-v1 in the background), looked for again every
 // poolTemplateRetry.
 
-// PoolTarget asks the warm pool to keep Size pre-started slots of Template.
+// PoolTarget asks the warm pool to keep Size pre-started slots of Template
+// (PoolAdaptive: as many as its demand asks, see pooldemand.go).
 type PoolTarget struct {
 	Template string
 	Size     int
@@ -46,7 +47,7 @@ func validatePoolTargets(cfg Config) error {
 		switch {
 		case t.Template == "":
 			return fmt.Errorf("warm pool target without a template name: %w", errdefs.ErrInvalidArgument)
-		case t.Size < 0:
+		case t.Size < 0 && t.Size != PoolAdaptive:
 			return fmt.Errorf("warm pool target %s: negative size %d: %w", t.Template, t.Size, errdefs.ErrInvalidArgument)
 		case seen[t.Template]:
 			return fmt.Errorf("warm pool target %s named twice: %w", t.Template, errdefs.ErrInvalidArgument)
@@ -65,8 +66,12 @@ func poolTemplateOf(cfg Config) string {
 	return cfg.PoolTemplate
 }
 
-// poolCapacity is the number of slots all targets keep together.
+// poolCapacity is the number of slots all targets keep together (at most,
+// when some are adaptive: those share the budget).
 func (c *Cubelet) poolCapacity() int {
+	if c.anyAdaptive() {
+		return max(0, c.cfg.PoolSize) + c.poolBudgetSlots()
+	}
 	n := c.cfg.PoolSize
 	for _, t := range c.cfg.PoolTemplates {
 		n += t.Size
@@ -74,21 +79,21 @@ func (c *Cubelet) poolCapacity() int {
 	return n
 }
 
-// extraSize is the size of the PoolTemplates entry of template name (0
-// when it has none).
-func (c *Cubelet) extraSize(name string) int {
+// hasExtra reports whether template name has a PoolTemplates entry that
+// asks for slots (a fixed size above 0, or adaptive).
+func (c *Cubelet) hasExtra(name string) bool {
 	for _, t := range c.cfg.PoolTemplates {
 		if t.Template == name {
-			return t.Size
+			return t.Size != 0
 		}
 	}
-	return 0
+	return false
 }
 
 // slotTarget is the target a slot counts for: the template's own target
 // for a pre-started slot of a PoolTemplates entry, else the main one.
 func (c *Cubelet) slotTarget(s poolSlot) string {
-	if s.prestarted() && c.extraSize(s.rec.Template) > 0 {
+	if s.prestarted() && c.hasExtra(s.rec.Template) {
 		return s.rec.Template
 	}
 	return mainTarget
@@ -151,9 +156,10 @@ func (c *Cubelet) nextTargetLocked(now time.Time) (key string, need int, wake ti
 			key, best = k, short
 		}
 	}
-	consider(mainTarget, c.cfg.PoolSize)
+	sz := c.sizesAt(now)
+	consider(mainTarget, sz.main)
 	for _, t := range c.cfg.PoolTemplates {
-		consider(t.Template, t.Size)
+		consider(t.Template, sz.extras[t.Template])
 	}
 	return key, need, wake
 }

@@ -65,7 +65,8 @@ func TestValidatePoolTargets(t *testing.T) {
 		{"main template again", Config{PoolSize: 4, PoolTemplates: []PoolTarget{{"base", 1}}}, false},
 		{"main template with no main pool", Config{PoolTemplates: []PoolTarget{{"base", 1}}}, false},
 		{"twice", Config{PoolTemplates: []PoolTarget{{"a", 1}, {"a", 2}}}, false},
-		{"negative", Config{PoolTemplates: []PoolTarget{{"a", -1}}}, false},
+		{"negative", Config{PoolTemplates: []PoolTarget{{"a", -2}}}, false},
+		{"adaptive", Config{PoolTemplates: []PoolTarget{{"a", PoolAdaptive}}}, true},
 		{"no name", Config{PoolTemplates: []PoolTarget{{"", 1}}}, false},
 	} {
 		err := validatePoolTargets(tc.cfg)

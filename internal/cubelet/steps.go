@@ -115,13 +115,15 @@ func (b *build) setEgress(ctx context.Context) error {
 // makeDisk formats the writable layer's image in the runtime's state dir,
 // where launch hands it to the shim (nsrt.Spec.PreparedDisk). It runs in
 // the cubelet rather than in the shim so a plain slot can run it ahead of
-// time, and with the cubelet's own mkfs when shims run on the host.
+// time, and with the cubelet's own mkfs when shims run on the host. The
+// image is a copy of one formatted per size (nsrt.DiskCache), not a new
+// mkfs per sandbox.
 func (b *build) makeDisk(context.Context) error {
 	dir := b.c.sandboxDir(b.rec.Runtime())
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("sandbox state dir: %w", err)
 	}
-	if err := nsrt.MakeDisk(nsrt.DiskImagePath(dir), b.c.diskSizeMB(b.rec)); err != nil {
+	if err := b.c.disks.Make(nsrt.DiskImagePath(dir), b.c.diskSizeMB(b.rec)); err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
 	return nil

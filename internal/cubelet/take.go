@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/failpoint"
@@ -15,8 +16,11 @@ import (
 // makes the running sandbox the requested one.
 
 // takeUsableSlot takes a ready slot for a sandbox of tmpl, if any, setting
-// aside pre-started slots whose sandbox died while they waited.
-func (c *Cubelet) takeUsableSlot(tmpl template.Template) (poolSlot, bool) {
+// aside pre-started slots whose sandbox died while they waited. arrived is
+// when the create arrived: the adaptive pool counts a burst by arrivals,
+// not by when the create-parallelism gate let each one through.
+func (c *Cubelet) takeUsableSlot(tmpl template.Template, arrived time.Time) (poolSlot, bool) {
+	c.pool.demand.record(tmpl.Name, arrived)
 	s, ok := c.takeSlot(tmpl)
 	for ok && s.prestarted() && !s.alive() {
 		c.discardSlot(s)

@@ -26,6 +26,7 @@ type options struct {
 	addr       string
 	configFile string
 	readyFD    int
+	logPipe    string
 }
 
 // Main runs envd with command-line args (without the program name) and
@@ -36,6 +37,7 @@ func Main(args []string) int {
 	fset.StringVar(&opts.addr, "addr", DefaultAddr, "listen address")
 	fset.StringVar(&opts.configFile, "config", DefaultConfigFile, "JSON config file (missing = defaults)")
 	fset.IntVar(&opts.readyFD, "ready-fd", 0, "file descriptor (>2) to write one byte to and close once listening")
+	fset.StringVar(&opts.logPipe, "log-pipe", LogPipe, "FIFO to write log lines (JSON) into for the node, when it exists")
 	version := fset.Bool("version", false, "print the version and exit")
 	if err := fset.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -51,8 +53,8 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "envd: --ready-fd must be 3 or higher")
 		return 2
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "envd")
 	if reaper.Needed() {
+		logger := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "envd")
 		if pid, ok := reaper.Adopted(); ok {
 			code, err := reaper.Adopt(pid)
 			if err != nil {
@@ -66,6 +68,7 @@ func Main(args []string) int {
 		}
 		return code
 	}
+	logger := newLogger(opts.logPipe)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, logger, opts); err != nil {
@@ -81,6 +84,7 @@ func run(ctx context.Context, logger *slog.Logger, opts options) error {
 		return err
 	}
 	srv := NewServer(cfg)
+	srv.SetLogger(logger)
 	ln, err := net.Listen("tcp", opts.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.addr, err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/leader"
+	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 )
 
@@ -135,5 +136,5 @@ func (m *Master) expire(ctx context.Context, id string, now time.Time) error {
 		return m.pauseLocked(ctx, sb)
 	}
 	m.log.Info("sandbox timed out, killing", "sandbox", id)
-	return m.killLocked(ctx, id)
+	return m.killLocked(nodeproto.WithKillReason(ctx, nodeproto.KillReasonTimeout), id)
 }

@@ -27,6 +27,9 @@ func (m *Master) List(ctx context.Context, f store.ListFilter) (store.Page, erro
 // Kill stops a sandbox and forgets it; errdefs.ErrNotFound if unknown. A
 // sandbox the node no longer knows is forgotten too.
 func (m *Master) Kill(ctx context.Context, id string) error {
+	if nodeproto.KillReason(ctx) == "" {
+		ctx = nodeproto.WithKillReason(ctx, nodeproto.KillReasonRequest)
+	}
 	unlock := m.locks.lock(id)
 	defer unlock()
 	return m.killLocked(ctx, id)

@@ -60,7 +60,11 @@ func (c *Client) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest)
 
 // KillSandbox removes a sandbox from the node.
 func (c *Client) KillSandbox(ctx context.Context, id string) error {
-	_, err := c.rpc.KillSandbox(ctx, connect.NewRequest(&nodev1.SandboxRef{SandboxId: id}))
+	req := connect.NewRequest(&nodev1.SandboxRef{SandboxId: id})
+	if r := nodeproto.KillReason(ctx); r != "" {
+		req.Header().Set(killReasonHeader, r)
+	}
+	_, err := c.rpc.KillSandbox(ctx, req)
 	return FromConnect(err)
 }
 

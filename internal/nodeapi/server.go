@@ -80,7 +80,7 @@ func (s *cubeletServer) CreateSandbox(ctx context.Context, req *connect.Request[
 }
 
 func (s *cubeletServer) KillSandbox(ctx context.Context, req *connect.Request[nodev1.SandboxRef]) (*connect.Response[nodev1.Empty], error) {
-	return empty(s.c.KillSandbox(ctx, req.Msg.SandboxId))
+	return empty(s.c.KillSandbox(withKillReason(ctx, req.Header().Get(killReasonHeader)), req.Msg.SandboxId))
 }
 
 func (s *cubeletServer) MapPort(ctx context.Context, req *connect.Request[nodev1.MapPortRequest]) (*connect.Response[nodev1.MapPortResponse], error) {

@@ -104,9 +104,12 @@ func readonlyPath(p string) error {
 // thread that execs: it shrinks the bounding set to caps (normally
 // SandboxCapabilities), clears the ambient and inheritable sets, keeps caps
 // as effective and permitted, sets no_new_privs and installs the seccomp
-// profile. The exec'd init, as uid 0 without file capabilities, gets the
-// bounding set as its permitted set; nothing it execs can gain more.
-func dropPrivileges(caps []uintptr) error {
+// profile chosen by sc. The exec'd init, as uid 0 without file
+// capabilities, gets the bounding set as its permitted set; nothing it
+// execs can gain more. Cube's own namespace work (the workload's user
+// namespace, cgroup namespaces) is done before this: the filter refuses
+// namespace creation.
+func dropPrivileges(caps []uintptr, sc *Seccomp) error {
 	keep := map[uintptr]bool{}
 	for _, c := range caps {
 		keep[c] = true
@@ -137,5 +140,5 @@ func dropPrivileges(caps []uintptr) error {
 	if err := seccomp.SetNoNewPrivs(); err != nil {
 		return err
 	}
-	return seccomp.InstallDefault()
+	return seccomp.InstallDefault(sc.options())
 }

@@ -119,7 +119,7 @@ func initMain(args []string) (err error) {
 	if child != nil {
 		return runUserNS(spec, child, argv0)
 	}
-	if err := dropPrivileges(SandboxCapabilities); err != nil {
+	if err := dropPrivileges(SandboxCapabilities, spec.Seccomp); err != nil {
 		return err
 	}
 	if err := unix.Exec(argv0, spec.Args, spec.Env); err != nil {

@@ -100,8 +100,18 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 		return nil, err
 	}
 	spec = spec.withDefaults()
-	if err := cgroup.MoveAll(ShimCgroup(spec.CgroupParent), os.Getpid()); err != nil {
-		return nil, fmt.Errorf("move shim out of the agent's cgroup: %w", err)
+	// The agent forks the shim into its cgroup already (shim.SpawnPlaced);
+	// MoveAll would only wait for the kernel's RCU grace period then.
+	if name := ShimCgroup(spec.CgroupParent); !cgroup.InAll(name) {
+		if err := cgroup.MoveAll(name, os.Getpid()); err != nil {
+			return nil, fmt.Errorf("move shim out of the agent's cgroup: %w", err)
+		}
+	} else {
+		// Putting the init into the sandbox cgroup below waits for an
+		// RCU grace period on cgroup v1 unless one ended just before:
+		// start it now, while the init starts (the agent did too, at the
+		// start of the create; this keeps it fresh).
+		cgroup.PrimeMigration(name)
 	}
 	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
 	if err != nil {

@@ -68,7 +68,10 @@ func StartIn(ctx context.Context, ns *mountns.NS, exe string, spec Spec) (_ *San
 	}
 	sctx, cancel := context.WithTimeout(ctx, spec.ReadyTimeout+startGrace)
 	defer cancel()
-	c, err := shim.SpawnIn(sctx, ns, exe, spec.StateDir)
+	// The shim starts in its cgroup rather than moving there (see
+	// cgroup.JoinThread): one RCU grace period less per create on v1.
+	shimCgroup := ShimCgroup(spec.CgroupParent)
+	c, err := shim.SpawnPlaced(sctx, ns, exe, spec.StateDir, func() (int, error) { return cgroup.JoinThread(shimCgroup) })
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}

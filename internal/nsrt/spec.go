@@ -18,6 +18,7 @@ import (
 	"github.com/cube-dev/cube/internal/atomicfile"
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/seccomp"
 )
 
 // Files and directories nsrt keeps in a sandbox state dir (next to the
@@ -87,6 +88,25 @@ type Spec struct {
 	// its child whose pid is in $CUBE_REAP_PID (the workload, Args). envd
 	// does (envd/reaper). Empty: sandbox-init itself stays pid 1 as reaper.
 	Reaper []string `json:"reaper,omitempty"`
+	// Seccomp tunes the syscall filter; nil is the default policy.
+	Seccomp *Seccomp `json:"seccomp,omitempty"`
+}
+
+// Seccomp tunes a sandbox's syscall filter (see internal/seccomp).
+type Seccomp struct {
+	// Log makes the kernel log each refused call (audit type 1326) with
+	// the caller's host pid; the calls still fail the same way.
+	Log bool `json:"log,omitempty"`
+	// Allow lists syscalls allowed on top of the default policy.
+	Allow []string `json:"allow,omitempty"`
+}
+
+// options is the filter choice of s (nil: the default).
+func (s *Seccomp) options() seccomp.Options {
+	if s == nil {
+		return seccomp.Options{}
+	}
+	return seccomp.Options{Log: s.Log, ExtraAllowed: s.Allow}
 }
 
 // withDefaults fills the zero fields that have defaults.
@@ -157,6 +177,11 @@ func (s Spec) Validate() error {
 	if err := s.UserNS.validate(); err != nil {
 		return bad("%v", err)
 	}
+	if s.Seccomp != nil && len(s.Seccomp.Allow) > 0 {
+		if _, err := seccomp.Program(s.Seccomp.options()); err != nil {
+			return bad("%v", err)
+		}
+	}
 	return s.Resources.Validate()
 }
 
@@ -165,8 +190,10 @@ func writeSpec(s Spec) error {
 	if err != nil {
 		return err
 	}
-	// The spec may carry secrets (envd token in Files), hence 0600.
-	return atomicfile.Write(filepath.Join(s.StateDir, SpecFile), b, 0o600)
+	// The spec may carry secrets (envd token in Files), hence 0600. Only
+	// the shim and sandbox-init read it, right after this, in this boot:
+	// no fsync (see atomicfile.Replace).
+	return atomicfile.Replace(filepath.Join(s.StateDir, SpecFile), b, 0o600)
 }
 
 func readSpec(stateDir string) (Spec, error) {

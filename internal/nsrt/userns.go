@@ -93,6 +93,8 @@ type execRequest struct {
 	Path string   `json:"path"`
 	Args []string `json:"args"`
 	Env  []string `json:"env"`
+	// Seccomp is the spec's filter choice (B does not read the spec).
+	Seccomp *Seccomp `json:"seccomp,omitempty"`
 }
 
 // pidfdGetUserNS is PIDFD_GET_USER_NAMESPACE (_IO(0xFF, 9), kernel 6.11+).
@@ -372,7 +374,7 @@ func usernsChildMain() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox-init: workload: no cgroup namespace: %v\n", err)
 	}
-	if err := dropPrivileges(SandboxCapabilities); err != nil {
+	if err := dropPrivileges(SandboxCapabilities, req.Seccomp); err != nil {
 		return err
 	}
 	if err := unix.Exec(req.Path, req.Args, req.Env); err != nil {

@@ -30,12 +30,12 @@ func runUserNS(spec Spec, child *usernsChild, argv0 string) error {
 			return fmt.Errorf("reaper: %w", err)
 		}
 	}
-	if err := child.run(execRequest{Path: argv0, Args: spec.Args, Env: spec.Env}); err != nil {
+	if err := child.run(execRequest{Path: argv0, Args: spec.Args, Env: spec.Env, Seccomp: spec.Seccomp}); err != nil {
 		return err
 	}
 	// The locked thread drops its capabilities and installs seccomp with
 	// no_new_privs on every thread; an exec leaves only this thread's set.
-	if err := dropPrivileges(reaperCapabilities); err != nil {
+	if err := dropPrivileges(reaperCapabilities, spec.Seccomp); err != nil {
 		return err
 	}
 	if reaperPath == "" {

@@ -8,6 +8,7 @@
 package roles
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,14 +50,18 @@ type AllInOneConfig struct {
 	EnvdPath          string
 	Exe               string
 	CgroupParent      string               // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
-	PoolSize          int                  // warm-pool slots kept ready (0 = every create is cold)
+	PoolSize          int                  // warm-pool slots kept ready (0 = every create is cold, cubelet.PoolAdaptive = by demand)
+	PoolMemoryMB      int64                // the adaptive pool's budget (cubelet.Config.PoolMemoryMB)
 	PoolPrestart      bool                 // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
 	PoolTemplates     []cubelet.PoolTarget // pre-started slots of other templates (cubelet.Config.PoolTemplates)
+	SandboxLogs       cubelet.LogConfig    // bounds of the kept sandbox logs (cubelet.Config.Logs)
 	CreateParallelism int                  // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
 	UserNS            nsrt.UserNSMode      // sandbox user namespaces: auto ("" too), on, off
+	SeccompLog        bool                 // log refused syscalls with the sandbox id (cubelet.Config.SeccompLog)
 	HostMountNS       string               // mount namespace shims start in: auto ("" too), off or a path (see cubelet.Config)
 	RateLimits        *api.RateLimits      // per-API-key limits; nil = api.DefaultRateLimits
 	MetricsListen     string               // address of the Prometheus /metrics listener ("" = none)
+	Capacity          *nodev1.Capacity     // what the scheduler may place on the node (as a cubelet's); nil = no limits
 	Network           cubevs.Config
 	Logger            *slog.Logger
 	Out               io.Writer // user-facing output (progress, exports)
@@ -110,12 +115,15 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		EnvdVersion:       envd.Version,
 		CgroupParent:      cfg.CgroupParent,
 		PoolSize:          cfg.PoolSize,
+		PoolMemoryMB:      cfg.PoolMemoryMB,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
+		SeccompLog:        cfg.SeccompLog,
 		HostMountNS:       cfg.HostMountNS,
 		PoolPrestart:      cfg.PoolPrestart,
 		PoolTemplates:     cfg.PoolTemplates,
 		Network:           cfg.Network,
+		Logs:              cfg.SandboxLogs,
 		Logger:            log.With("role", "cubelet"),
 	}, templates)
 	if err != nil {
@@ -143,18 +151,21 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	// heartbeats through the same RegistryService: creates take the
 	// cluster's path (registry, scheduler, node API).
 	var check *selfCheck
+	// Built-in templates are built on the node from their recipes.
+	recipes := newNodeSandboxes(func() *cubelet.Cubelet { return node })
+	defer recipes.drain(time.Minute) // before node.Close: ctx's end stops the recipe builds
 	// The registry requires a token of every node; nothing checks this one
 	// (there is no listener to present it to).
 	ident := nodeIdentity{ID: LocalNodeID, RPCURL: "in-process", DataIP: node.DataIP().String(), Token: randomToken(),
-		// No limits of the scheduler's: the node's own gates (create
-		// parallelism, addresses, ports) bound it, as on any one machine.
-		Capacity: &nodev1.Capacity{}}
+		// The same limits a cubelet takes (cli's capacity flags; nil: none
+		// but the node's own gates: create parallelism, addresses, ports).
+		Capacity: cmp.Or(cfg.Capacity, &nodev1.Capacity{})}
 	info := func(ctx context.Context) (*nodev1.NodeInfo, error) { return ident.infoFunc(templates, check)(ctx) }
 	local := nodeapi.NewInProcessClient(node, info)
 	check = newSelfCheck("in-process", local, filepath.Join(cfg.DataDir, "prep"), log.With("role", "cubelet"))
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, Logger: log,
-		Templates: newBuiltinSource(ctx, templates, cfg.PrebuildInterp, cfg.Out, log),
+		Templates: newBuiltinSource(ctx, templates, recipes, cfg.PrebuildInterp, cfg.Out, log),
 		Connect: func(rec cluster.NodeRecord) *nodeapi.Client {
 			if rec.ID == LocalNodeID {
 				return local
@@ -180,7 +191,8 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	registered := make(chan struct{})
 	go heartbeater{nodeID: LocalNodeID, servers: []string{"in-process"},
 		clients: []nodev1connect.RegistryServiceClient{cluster.NewRegistryService(reg)},
-		node:    node, info: info, check: check, log: log.With("role", "cubelet"), registered: registered,
+		node:    node, info: info, check: check, log: log.With("role", "cubelet"), registered: registered, builds: recipes,
+		usage: &usageSampler{parent: cfg.CgroupParent},
 	}.run(ctx)
 	select {
 	case <-registered:

@@ -13,6 +13,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatebuild"
 	"github.com/cube-dev/cube/internal/templatedist"
 )
 
@@ -22,9 +23,12 @@ import (
 const builtinWait = 45 * time.Second
 
 // builtinSource is the server's template source plus the built-in
-// templates that are built on demand (code-interpreter-v1): a create that
-// names one the registry lacks starts or joins its build and waits a
-// bounded time.
+// templates Cube builds from recipes (code-interpreter-v1). All-in-one
+// builds them on its node: a create that names one the registry lacks
+// starts or joins its build and waits a bounded time. A cluster server
+// has no node of its own (builders empty): the nodes build them (see
+// builtinFetcher), and until the server's registry holds one it is
+// answered with the registry's default sizes.
 type builtinSource struct {
 	cluster.TemplateSource
 	builders map[string]*template.Builder
@@ -33,43 +37,57 @@ type builtinSource struct {
 
 var _ cluster.TemplateSource = builtinSource{}
 
-// newBuiltinSource returns the source of an all-in-one server: its
-// registry, with code-interpreter-v1 built under ctx in the background now
-// when prebuild is set, else on its first create. The build's notes go to
-// log; out gets one line when it starts and one when it ends.
-func newBuiltinSource(ctx context.Context, templates *template.Registry, prebuild bool, out io.Writer, log *slog.Logger) builtinSource {
+// newBuiltinSource returns the source of a server: its registry, with
+// code-interpreter-v1 built on node (nil: by the nodes) from its recipe,
+// under ctx, in the background now when prebuild is set, else on its
+// first create. The build's notes go to log; out gets one line when it
+// starts and one when it ends.
+func newBuiltinSource(ctx context.Context, templates *template.Registry, node *nodeSandboxes, prebuild bool, out io.Writer, log *slog.Logger) builtinSource {
+	s := builtinSource{TemplateSource: templatedist.Source{Registry: templates}, builders: map[string]*template.Builder{}, wait: builtinWait}
+	if node == nil {
+		return s
+	}
 	if out == nil {
 		out = io.Discard
 	}
-	b := template.NewBuilder(ctx, template.InterpName, func(ctx context.Context) (template.Template, error) {
-		if _, err := templates.Get(ctx, template.InterpName); err == nil {
-			return templates.EnsureInterp(ctx, nil)
+	rb := recipeBuilder{recipe: templatebuild.InterpRecipe(), templates: templates, sandboxes: node, log: log}
+	b := template.NewBuilder(ctx, rb.recipe.Name, func(ctx context.Context) (template.Template, error) {
+		if t, err := templates.Get(ctx, rb.recipe.Name); err == nil && rb.recipe.Built(t) {
+			return t, nil
 		}
 		start := time.Now()
-		fmt.Fprintf(out, "cube: building template %s in the background (first time only: a few minutes; cached afterwards)\n", template.InterpName)
-		progress := logWriter(log.With("template", template.InterpName))
+		fmt.Fprintf(out, "cube: building template %s in the background (first time only: a few minutes; cached afterwards)\n", rb.recipe.Name)
+		progress := logWriter(log.With("template", rb.recipe.Name))
 		defer progress.Close()
-		t, err := templates.EnsureInterp(ctx, progress)
+		t, err := rb.ensure(ctx, progress)
 		if err != nil {
 			if ctx.Err() == nil {
-				fmt.Fprintf(out, "cube: template %s: build failed: %v\n", template.InterpName, err)
+				fmt.Fprintf(out, "cube: template %s: build failed: %v\n", rb.recipe.Name, err)
 			}
 			return t, err
 		}
-		fmt.Fprintf(out, "cube: template %s ready (%s)\n", template.InterpName, time.Since(start).Round(time.Second))
+		fmt.Fprintf(out, "cube: template %s ready (%s)\n", rb.recipe.Name, time.Since(start).Round(time.Second))
 		return t, nil
 	})
 	if prebuild {
 		b.Start()
 	}
-	return builtinSource{TemplateSource: templatedist.Source{Registry: templates},
-		builders: map[string]*template.Builder{b.Name(): b}, wait: builtinWait}
+	s.builders[b.Name()] = b
+	return s
 }
 
 func (s builtinSource) ServerTemplate(ctx context.Context, name string) (cluster.TemplateRef, error) {
 	ref, err := s.TemplateSource.ServerTemplate(ctx, name)
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return ref, err
+	}
 	b, ok := s.builders[name]
-	if !ok || !errors.Is(err, errdefs.ErrNotFound) {
+	if !ok {
+		if name == template.InterpName {
+			// Built by the node a create lands on (builtinFetcher).
+			return cluster.TemplateRef{Name: name, CPUCount: template.DefaultCPUCount, MemoryMB: template.DefaultMemoryMB,
+				DiskSizeMB: template.DefaultDiskSizeMB}, nil
+		}
 		return ref, err
 	}
 	if _, err := b.Wait(ctx, s.wait); err != nil {
@@ -94,10 +112,11 @@ func logWriter(log *slog.Logger) io.WriteCloser {
 }
 
 // builtinFetcher is a node's template fetcher that builds the built-in
-// code-interpreter-v1 on the node, as the node builds base, instead of
-// streaming its ~650 MB from the server: with the shared debootstrap cache
-// that takes seconds. A build outlives the create that started it (the
-// builder runs under the node's ctx); creates wait for it a bounded time.
+// code-interpreter-v1 on the node from its recipe (a build sandbox of
+// base, then a commit), instead of streaming its ~650 MB from the server;
+// with the result cache that takes seconds. A build outlives the create
+// that started it (the builder runs under the node's ctx); creates wait
+// for it a bounded time.
 type builtinFetcher struct {
 	cubelet.TemplateFetcher
 	interp *template.Builder
@@ -105,14 +124,16 @@ type builtinFetcher struct {
 
 var _ cubelet.TemplateFetcher = builtinFetcher{}
 
-// nodeFetcher returns fetch, wrapped to build built-in templates on the
-// node when it builds its own base (build).
-func nodeFetcher(ctx context.Context, build bool, templates *template.Registry, fetch cubelet.TemplateFetcher) cubelet.TemplateFetcher {
-	if !build {
-		return fetch
-	}
-	return builtinFetcher{TemplateFetcher: fetch, interp: template.NewBuilder(ctx, template.InterpName,
-		func(ctx context.Context) (template.Template, error) { return templates.EnsureInterp(ctx, nil) })}
+// nodeFetcher returns fetch, wrapped to build the built-in templates on
+// the node through sandboxes.
+func nodeFetcher(ctx context.Context, templates *template.Registry, fetch cubelet.TemplateFetcher, sandboxes *nodeSandboxes, log *slog.Logger) builtinFetcher {
+	rb := recipeBuilder{recipe: templatebuild.InterpRecipe(), templates: templates, sandboxes: sandboxes, log: log}
+	return builtinFetcher{TemplateFetcher: fetch, interp: template.NewBuilder(ctx, rb.recipe.Name,
+		func(ctx context.Context) (template.Template, error) {
+			progress := logWriter(log.With("template", rb.recipe.Name))
+			defer progress.Close()
+			return rb.ensure(ctx, progress)
+		})}
 }
 
 func (f builtinFetcher) Fetch(ctx context.Context, reg *template.Registry, name string) (template.Template, error) {
@@ -120,4 +141,12 @@ func (f builtinFetcher) Fetch(ctx context.Context, reg *template.Registry, name 
 		return f.interp.Wait(ctx, builtinWait)
 	}
 	return f.TemplateFetcher.Fetch(ctx, reg, name)
+}
+
+// rebuildStale starts the build of a built-in template an older recipe
+// made (a node fetches only what it lacks, so it would keep it forever).
+func (f builtinFetcher) rebuildStale(ctx context.Context, templates *template.Registry) {
+	if t, err := templates.Get(ctx, f.interp.Name()); err == nil && !templatebuild.InterpRecipe().Built(t) {
+		f.interp.Start()
+	}
 }

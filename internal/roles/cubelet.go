@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -43,11 +44,14 @@ type CubeletConfig struct {
 	EnvdPath          string
 	Exe               string
 	BuildBase         bool                 // build the `base` template if missing
-	PoolSize          int                  // warm-pool slots
+	PoolSize          int                  // warm-pool slots (cubelet.PoolAdaptive = by demand)
+	PoolMemoryMB      int64                // the adaptive pool's budget
 	PoolPrestart      bool                 // slots are pre-started sandboxes of template base
 	PoolTemplates     []cubelet.PoolTarget // pre-started slots of other templates (cubelet.Config.PoolTemplates)
+	SandboxLogs       cubelet.LogConfig    // bounds of the kept sandbox logs (cubelet.Config.Logs)
 	CreateParallelism int                  // creates run at once, the rest wait in order (see cubelet.Config.CreateParallelism)
 	UserNS            nsrt.UserNSMode      // sandbox user namespaces: auto ("" too), on, off
+	SeccompLog        bool                 // log refused syscalls with the sandbox id (cubelet.Config.SeccompLog)
 	HostMountNS       string               // mount namespace shims start in: auto ("" too), off or a path (see cubelet.Config)
 	Capacity          *nodev1.Capacity
 	MetricsListen     string // address of the Prometheus /metrics listener ("" = none)
@@ -70,19 +74,29 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 		}
 	}
 	cfg.Network.RunDir = cfg.RunDir
+	// Built-in templates are built on this node from their recipes, in
+	// build sandboxes of this node (which exists only after New).
+	var started atomic.Pointer[cubelet.Cubelet]
+	builds := newNodeSandboxes(started.Load)
+	fetcher := nodeFetcher(ctx, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey}, builds, log)
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
-		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolPrestart: cfg.PoolPrestart,
+		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolMemoryMB: cfg.PoolMemoryMB, PoolPrestart: cfg.PoolPrestart,
 		PoolTemplates:     cfg.PoolTemplates,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
+		SeccompLog:        cfg.SeccompLog,
 		HostMountNS:       cfg.HostMountNS,
-		Fetcher:           nodeFetcher(ctx, cfg.BuildBase, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey}),
+		Fetcher:           fetcher,
+		Logs:              cfg.SandboxLogs,
 	}, templates)
 	if err != nil {
 		return fmt.Errorf("start cubelet: %w", err)
 	}
 	defer node.Close()
+	defer builds.drain(time.Minute) // before Close: ctx's end stops the recipe builds
+	started.Store(node)
+	fetcher.rebuildStale(ctx, templates)
 	metrics := newMetricsRegistry()
 	if err := node.RegisterMetrics(metrics); err != nil {
 		return err
@@ -121,7 +135,8 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	log.Info("cubelet serving", "listen", ln.Addr().String(), "node", cfg.NodeID, "advertise", cfg.AdvertiseIP)
 
 	hc := &http.Client{Timeout: 10 * time.Second}
-	hb := heartbeater{nodeID: cfg.NodeID, node: node, info: info, check: check, log: log, link: link}
+	hb := heartbeater{nodeID: cfg.NodeID, node: node, info: info, check: check, log: log, link: link, builds: builds,
+		usage: &usageSampler{parent: cfg.CgroupParent}}
 	for _, u := range cfg.ServerURLs {
 		hb.servers = append(hb.servers, u)
 		hb.clients = append(hb.clients, nodev1connect.NewRegistryServiceClient(hc, u, connect.WithInterceptors(apiKeyInterceptor(cfg.APIKey))))

@@ -28,6 +28,11 @@ type heartbeater struct {
 	registered chan struct{}
 	// link, if set, records each call's outcome for GET /readyz.
 	link *serverLink
+	// usage, if set, measures what the sandboxes use for each heartbeat.
+	usage *usageSampler
+	// builds, if set, are recipe build sandboxes the server does not know
+	// of: left out of the heartbeat (the server would kill them as strays).
+	builds *nodeSandboxes
 }
 
 // run registers with the server (retrying with backoff) and then
@@ -85,11 +90,14 @@ func (h heartbeater) run(ctx context.Context) {
 			log.Warn("list sandboxes for heartbeat", "err", err)
 			continue
 		}
-		ids := make([]string, len(sbs))
-		for i, sb := range sbs {
-			ids[i] = sb.ID
+		ids := make([]string, 0, len(sbs))
+		for _, sb := range sbs {
+			if !h.builds.hidden(sb.ID) {
+				ids = append(ids, sb.ID)
+			}
 		}
-		hb := &nodev1.HeartbeatRequest{NodeId: h.nodeID, SandboxIds: ids, Health: h.check.refresh(ctx)}
+		hb := &nodev1.HeartbeatRequest{NodeId: h.nodeID, SandboxIds: ids, Health: h.check.refresh(ctx),
+			Usage: h.usage.sample(len(ids) + h.node.PoolSize())}
 		if ni, err := h.info(ctx); err == nil {
 			hb.Templates = ni.Templates
 		}

@@ -80,7 +80,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, DownAfter: cfg.DownAfter, Logger: log,
 		// code-interpreter-v1 is built here on its first create.
-		Templates: newBuiltinSource(ctx, templates, false, nil, log),
+		Templates: newBuiltinSource(ctx, templates, nil, false, nil, log),
 	}, cluster.DocumentNodes{Docs: st}, st)
 	if err := reg.Load(ctx); err != nil {
 		return err

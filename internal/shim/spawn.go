@@ -9,9 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/mountns"
@@ -43,15 +46,34 @@ func Spawn(ctx context.Context, exe, stateDir string) (*Client, error) {
 // mount namespace (see package mountns). Its log and stdin are opened there
 // too.
 func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client, error) {
+	return SpawnPlaced(ctx, ns, exe, stateDir, nil)
+}
+
+// Place puts the calling OS thread where the shim should start (its
+// cgroups; see cgroup.JoinThread) and returns an fd for CLONE_INTO_CGROUP,
+// or -1. The thread is discarded after the fork. A failed Place does not
+// fail the spawn: the shim starts where the caller is and moves itself.
+type Place func() (cgroupFD int, err error)
+
+// SpawnPlaced is SpawnIn with the shim forked from a fresh thread that
+// place has put in the shim's cgroups, so it starts there instead of
+// migrating (a migration waits for an RCU grace period on cgroup v1). It
+// applies only to shims started in this process's mount namespace (ns
+// nil): place resolves cgroup paths in the caller's.
+func SpawnPlaced(ctx context.Context, ns *mountns.NS, exe, stateDir string, place Place) (*Client, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer pr.Close()
-	cmd := exec.Command(exe, Command, "--state-dir", stateDir)
-	cmd.Env = supervisorEnv(os.Environ())
-	cmd.ExtraFiles = []*os.File{pw}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(exe, Command, "--state-dir", stateDir)
+		cmd.Env = supervisorEnv(os.Environ())
+		cmd.ExtraFiles = []*os.File{pw}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		return cmd
+	}
+	cmd := newCmd()
 	start := func() error {
 		logf, err := os.OpenFile(filepath.Join(stateDir, supervisor.LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
@@ -64,9 +86,23 @@ func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client
 		}
 		return nil
 	}
-	if ns != nil {
+	switch {
+	case ns != nil:
 		err = ns.Do(start)
-	} else {
+	case place != nil:
+		err = onDiscardedThread(func() error {
+			if fd, perr := place(); perr == nil && fd >= 0 {
+				defer syscall.Close(fd)
+				cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+				if err := start(); err == nil {
+					return nil
+				}
+				// No clone3/CLONE_INTO_CGROUP here: fork without it.
+				cmd = newCmd()
+			}
+			return start()
+		})
+	default:
 		err = start()
 	}
 	pw.Close() // the shim holds the only write ends now: EOF means it died
@@ -128,6 +164,23 @@ func SpawnIn(ctx context.Context, ns *mountns.NS, exe, stateDir string) (*Client
 		}
 	}
 	return c, err
+}
+
+// onDiscardedThread runs fn on a locked OS thread that ends with it (fn
+// may change the thread's cgroups). The main thread cannot end; when the
+// goroutine lands on it, it holds it and tries again.
+func onDiscardedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if unix.Gettid() == unix.Getpid() {
+			errc <- onDiscardedThread(fn)
+			runtime.UnlockOSThread()
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
 }
 
 // reap collects the shim's exit status once it has exited. The wait itself

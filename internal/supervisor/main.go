@@ -128,7 +128,10 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 	started := time.Now().UTC()
 	srv := newServer(sb, State{ShimPID: os.Getpid(), InitPID: initPID, Running: true, StartedAt: started, Version: Version})
 	info := Info{Schema: SchemaVersion, PID: os.Getpid(), InitPID: initPID, Version: Version, Socket: sock, StartedAt: started}
-	if err := atomicfile.WriteJSON(filepath.Join(stateDir, InfoFile), info, 0o644); err != nil {
+	// Written without an fsync: the agent waits for the report below, and
+	// the fsync (several ms on a busy disk) follows it.
+	infoFile := filepath.Join(stateDir, InfoFile)
+	if err := atomicfile.ReplaceJSON(infoFile, info, 0o644); err != nil {
 		ln.Close()
 		return abort(fmt.Errorf("record shim: %w", err))
 	}
@@ -138,6 +141,7 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 		return abort(fmt.Errorf("agent went away during start: %w", err))
 	}
 	status.Close()
+	atomicfile.SyncFile(infoFile)
 	log.Info("sandbox started", "shimPid", os.Getpid(), "initPid", initPID)
 
 	go srv.serve(ln)

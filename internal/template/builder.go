@@ -81,6 +81,6 @@ func (b *Builder) Wait(ctx context.Context, bound time.Duration) (Template, erro
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-	return Template{}, fmt.Errorf("template %s is still being built (for %s; the first build runs debootstrap and takes a few minutes, later ones use the cache): try again shortly: %w",
+	return Template{}, fmt.Errorf("template %s is still being built (for %s; the first build on a machine takes a few minutes, later ones use the cache): try again shortly: %w",
 		b.name, b.now().Sub(run.started).Round(time.Second), errdefs.ErrUnavailable)
 }

@@ -3,6 +3,8 @@ package template
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -59,20 +61,15 @@ func TestBuilderWaits(t *testing.T) {
 	}
 }
 
-func TestInterpRecipeAndMarker(t *testing.T) {
-	if InterpCacheKey() == DefaultBaseSpec().CacheKey() || !strings.HasPrefix(InterpCacheKey(), "code-interpreter-") {
-		t.Errorf("cache key %q", InterpCacheKey())
-	}
-	for _, p := range []string{"python3-ipykernel", "python3-pandas", "python3-matplotlib", "python3-numpy"} {
-		if !strings.Contains(strings.Join(InterpPackages, ","), p) {
-			t.Errorf("recipe lacks %s", p)
-		}
-	}
+func TestInterpMarker(t *testing.T) {
 	root := t.TempDir()
 	if HasInterp(root) {
 		t.Error("empty rootfs has the marker")
 	}
-	if err := writeInterpMarker(root); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(InterpMarker)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, InterpMarker), []byte("x\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if !HasInterp(root) {

@@ -90,7 +90,7 @@ func (s *Service) FileLink(ctx context.Context, templateID, hash, base string) (
 	exp := s.now().Add(s.cfg.UploadURLTTL).Unix()
 	q := url.Values{"expires": {strconv.FormatInt(exp, 10)}, "token": {uploadToken(s.cfg.Secret, hash, exp)}}
 	u := strings.TrimSuffix(base, "/") + UploadPath + hash + "?" + q.Encode()
-	return FileLink{Present: s.files.has(hash), URL: u}, nil
+	return FileLink{Present: s.files.used(hash), URL: u}, nil
 }
 
 // UploadPath is the path prefix of upload URLs; the hash follows.
@@ -127,7 +127,7 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 		return err
 	}
 	for i, st := range spec.Steps {
-		if st.Type == StepCopy && !s.files.has(st.FilesHash) {
+		if st.Type == StepCopy && !s.files.used(st.FilesHash) {
 			return fmt.Errorf("%w: step %d (COPY %s): its files (hash %s) were never uploaded; upload them through GET /templates/%s/files/%s first",
 				errdefs.ErrInvalidArgument, i+1, st.Args[0], st.FilesHash, templateID, st.FilesHash)
 		}
@@ -136,8 +136,10 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 		return err
 	}
 	s.wg.Add(1)
+	s.gcMu.RLock() // held by the build until it ends: no collection meanwhile
 	go func() {
 		defer s.wg.Done()
+		defer s.gcMu.RUnlock()
 		s.run(b, parent, spec)
 	}()
 	return nil

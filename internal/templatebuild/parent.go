@@ -124,7 +124,10 @@ func (r *runner) importImage(ctx context.Context) (string, error) {
 	w := &logWriter{lines: lineSplitter{emit: func(s string) {
 		r.log.add(levelInfo, stepBase, strings.TrimPrefix(s, "cube: "))
 	}}}
-	tpl, err := r.s.cfg.Images.Import(ctx, img, r.from.Auth, w)
+	if r.images == nil {
+		return "", failf(stepBase, "image %s: this build cannot import images; make it a template with `cube template create NAME --from-image REF` first", img)
+	}
+	tpl, err := r.images.Import(ctx, img, r.from.Auth, w)
 	w.lines.flush()
 	if err != nil {
 		return "", failf(stepBase, "image %s: %v", img, err)

@@ -37,14 +37,15 @@ func failf(step, format string, args ...any) error {
 	return &stepError{step: step, msg: fmt.Sprintf(format, args...)}
 }
 
-// runner runs one build.
+// runner runs one build: the Service's (recorded in the store) or
+// Execute's (a built-in recipe on a node, no store).
 type runner struct {
-	s       *Service
-	b       store.TemplateBuild
+	deps
+	target  Target
+	buildID string // "" for Execute's builds
 	from    Parent
 	parent  string // the template the build starts from (from.Template, or from.Image's)
 	spec    BuildSpec
-	log     *buildLog
 	st      state
 	env     *envd
 	sandbox string   // the build sandbox
@@ -57,8 +58,11 @@ func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BuildTimeout)
 	defer cancel()
 	start := time.Now()
-	r := &runner{s: s, b: b, from: from, parent: from.Template, spec: spec, log: newBuildLog(s.cfg.Store, b.ID, s.log)}
-	err := r.waitSlot(ctx)
+	r := &runner{deps: s.deps(b.ID), target: Target{Name: b.Template, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB},
+		buildID: b.ID, from: from, parent: from.Template, spec: spec}
+	blog := newBuildLog(s.cfg.Store, b.ID, s.log)
+	r.log = blog
+	err := r.waitSlot(ctx, s.slots)
 	if err == nil {
 		defer func() { <-s.slots }()
 		err = r.build(ctx)
@@ -80,7 +84,7 @@ func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
 	} else {
 		r.log.infof(stepFinalize, "build finished in %s", time.Since(start).Round(time.Millisecond))
 	}
-	r.log.close()
+	blog.close()
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer fcancel()
 	if _, err := s.cfg.Store.FinishTemplateBuild(fctx, b.ID, status, reason); err != nil {
@@ -89,15 +93,15 @@ func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
 	s.log.Info("template build finished", "build", b.ID, "template", b.Template, "status", status, "duration", time.Since(start))
 }
 
-func (r *runner) waitSlot(ctx context.Context) error {
+func (r *runner) waitSlot(ctx context.Context, slots chan struct{}) error {
 	select {
-	case r.s.slots <- struct{}{}:
+	case slots <- struct{}{}:
 		return nil
 	default:
 	}
-	r.log.infof(stepBase, "waiting for a free build slot (%d builds run at once)", cap(r.s.slots))
+	r.log.infof(stepBase, "waiting for a free build slot (%d builds run at once)", cap(slots))
 	select {
-	case r.s.slots <- struct{}{}:
+	case slots <- struct{}{}:
 		return nil
 	case <-ctx.Done():
 		return failf(stepBase, "%v", ctx.Err())
@@ -114,8 +118,8 @@ func (r *runner) build(ctx context.Context) (err error) {
 			return err
 		}
 	}
-	r.log.infof(stepBase, "building template %s from %s", r.b.Template, r.parent)
-	parent, err := r.s.cfg.Templates.Get(ctx, r.parent)
+	r.log.infof(stepBase, "building template %s from %s", r.target.Name, r.parent)
+	parent, err := r.templates.Get(ctx, r.parent)
 	if err != nil {
 		return failf(stepBase, "template %s: %v", r.parent, err)
 	}
@@ -132,24 +136,28 @@ func (r *runner) build(ctx context.Context) (err error) {
 		r.log.infof(strconv.Itoa(i+1), "[%d/%d] %s", i+1, n, steps[i].describe())
 		r.log.infof(strconv.Itoa(i+1), "step %d: cached", i+1)
 	}
-	id, err := r.s.cfg.Sandboxes.CreateBuildSandbox(ctx, from, r.b.CPUCount, r.b.MemoryMB)
+	id, err := r.sandboxes.CreateBuildSandbox(ctx, from, r.target.CPUCount, r.target.MemoryMB)
 	if err != nil {
 		return failf(stepBase, "start the build sandbox from %s: %v", from, err)
 	}
 	defer func() {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if kerr := r.s.cfg.Sandboxes.KillSandbox(kctx, id); kerr != nil && !errors.Is(kerr, errdefs.ErrNotFound) {
-			r.s.log.Warn("kill build sandbox", "build", r.b.ID, "sandbox", id, "err", kerr)
+		if kerr := r.sandboxes.KillSandbox(kctx, id); kerr != nil && !errors.Is(kerr, errdefs.ErrNotFound) {
+			r.warn.Warn("kill build sandbox", "build", r.buildID, "template", r.target.Name, "sandbox", id, "err", kerr)
 		}
-		_ = r.s.cfg.Store.SetTemplateBuildSandbox(kctx, r.b.ID, "")
+		if r.recordSandbox != nil {
+			_ = r.recordSandbox(kctx, "")
+		}
 	}()
 	r.sandbox = id
-	if err := r.s.cfg.Store.SetTemplateBuildSandbox(ctx, r.b.ID, id); err != nil {
-		return failf(stepBase, "record the build sandbox: %v", err)
+	if r.recordSandbox != nil {
+		if err := r.recordSandbox(ctx, id); err != nil {
+			return failf(stepBase, "record the build sandbox: %v", err)
+		}
 	}
 	r.log.add(levelDebug, stepBase, "build sandbox "+id+" started from "+from)
-	hc, base, token, err := r.s.cfg.Sandboxes.Envd(ctx, id)
+	hc, base, token, err := r.sandboxes.Envd(ctx, id)
 	if err != nil {
 		return failf(stepBase, "reach envd in the build sandbox: %v", err)
 	}
@@ -163,8 +171,11 @@ func (r *runner) build(ctx context.Context) (err error) {
 		if steps[i].Type == StepEnv {
 			continue // no filesystem change: the next commit carries the env
 		}
+		if r.noStepCache {
+			continue
+		}
 		name := cacheName(keys[i+1])
-		if _, err := r.s.cfg.Templates.Get(ctx, name); err == nil {
+		if _, err := r.templates.Get(ctx, name); err == nil {
 			// Same key, same result (a forced rerun): keep the existing
 			// one, which another build's sandbox may be running from.
 			r.log.add(levelDebug, label, "already cached as "+name)
@@ -176,12 +187,14 @@ func (r *runner) build(ctx context.Context) (err error) {
 		r.log.add(levelDebug, label, "cached as "+name)
 	}
 	d := nodeproto.TemplateDefaults{Env: r.st.Env, Workdir: r.st.Workdir, User: r.st.User, StartCmd: r.spec.StartCmd, ReadyCmd: r.spec.ReadyCmd}
-	if err := r.s.inUse(ctx, r.b.Template, "rebuild it"); err != nil {
-		return failf(stepFinalize, "%v", err)
+	if r.checkTarget != nil {
+		if err := r.checkTarget(ctx, r.target.Name); err != nil {
+			return failf(stepFinalize, "%v", err)
+		}
 	}
-	r.log.infof(stepFinalize, "committing template %s", r.b.Template)
-	if err := r.commit(ctx, r.b.Template, r.b.CPUCount, r.b.MemoryMB, d); err != nil {
-		return failf(stepFinalize, "commit template %s: %v", r.b.Template, err)
+	r.log.infof(stepFinalize, "committing template %s", r.target.Name)
+	if err := r.commit(ctx, r.target.Name, r.target.CPUCount, r.target.MemoryMB, d); err != nil {
+		return failf(stepFinalize, "commit template %s: %v", r.target.Name, err)
 	}
 	return nil
 }
@@ -198,7 +211,7 @@ func (r *runner) findCached(ctx context.Context, keys []string, steps []Step) (i
 		}
 	}
 	for i := limit; i > 0; i-- {
-		t, err := r.s.cfg.Templates.Get(ctx, cacheName(keys[i]))
+		t, err := r.templates.Get(ctx, cacheName(keys[i]))
 		if err != nil {
 			continue
 		}
@@ -208,7 +221,7 @@ func (r *runner) findCached(ctx context.Context, keys []string, steps []Step) (i
 }
 
 func (r *runner) commit(ctx context.Context, name string, cpu, mem int, d nodeproto.TemplateDefaults) error {
-	return r.s.cfg.Sandboxes.CommitSandbox(ctx, nodeproto.CommitRequest{SandboxID: r.sandbox, Name: name, CPUCount: cpu, MemoryMB: mem, Defaults: d})
+	return r.sandboxes.CommitSandbox(ctx, nodeproto.CommitRequest{SandboxID: r.sandbox, Name: name, CPUCount: cpu, MemoryMB: mem, Defaults: d})
 }
 
 // step runs one step and updates the state.
@@ -263,7 +276,10 @@ func (r *runner) step(ctx context.Context, label string, st Step) error {
 // copy uploads the step's archive (sanitised) into the sandbox and applies
 // it with copyScript as root.
 func (r *runner) copy(ctx context.Context, label string, st Step) error {
-	f, err := r.s.files.open(st.FilesHash)
+	if r.files == nil {
+		return failf(label, "step %s: COPY needs uploaded files, which builds without the template API have none of", label)
+	}
+	f, err := r.files.open(st.FilesHash)
 	if err != nil {
 		return failf(label, "step %s: %v", label, err)
 	}

@@ -122,6 +122,12 @@ type Config struct {
 	// Images imports the container images of builds fromImage; nil
 	// refuses them (400), except E2B's default image, which is `base`.
 	Images Images
+	// LeftoverAge is how long step-cache and image templates and uploaded
+	// files stay unused before CollectLeftovers removes them
+	// (DefaultLeftoverAge); CollectEvery how often it runs
+	// (DefaultCollectEvery; negative: never).
+	LeftoverAge  time.Duration
+	CollectEvery time.Duration
 }
 
 // Service runs template builds. Close stops the running ones.
@@ -135,6 +141,9 @@ type Service struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// gcMu is held shared by every running build and exclusively by the
+	// collector, which skips a round while builds run.
+	gcMu sync.RWMutex
 }
 
 // New returns a build service and marks the builds a previous run left
@@ -154,6 +163,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	cfg.MaxUploadBytes = orDefault(cfg.MaxUploadBytes, DefaultMaxUploadBytes)
 	cfg.UploadURLTTL = orDefault(cfg.UploadURLTTL, DefaultUploadURLTTL)
 	cfg.BuildTimeout = orDefault(cfg.BuildTimeout, DefaultBuildTimeout)
+	cfg.LeftoverAge = orDefault(cfg.LeftoverAge, DefaultLeftoverAge)
+	if cfg.CollectEvery == 0 {
+		cfg.CollectEvery = DefaultCollectEvery
+	}
 	s := &Service{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "templatebuild"),
@@ -165,6 +178,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err := s.recoverInterrupted(ctx); err != nil {
 		s.cancel()
 		return nil, err
+	}
+	if cfg.CollectEvery > 0 {
+		s.wg.Add(1)
+		go s.collectLoop()
 	}
 	return s, nil
 }

@@ -38,8 +38,8 @@ UP_FLAGS=(
 	--host-veth "${CUBE_BENCH_VETH:-cubebench0}" --table-prefix "${CUBE_BENCH_TABLES:-cubebench}"
 	--port-range "${CUBE_BENCH_PORTS:-30000-32499}" --transit "${CUBE_BENCH_TRANSIT:-169.254.250.8/30}"
 	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}"
-	# The bench measures capacity, not the per-key policy (20 creates/s by
-	# default would stop the density phase with 429s).
+	# The bench measures capacity, not the per-key policy (a limit set in
+	# the environment would stop the density phase with 429s).
 	--create-rate-limit off --api-rate-limit off
 )
 # More `cube up` flags for the benched Cube (also used by the teardown start),

@@ -127,6 +127,12 @@ func (c *cluster) restartServer() {
 // addNode starts a cubelet with its own dataplane and a busybox template
 // named "tiny".
 func (c *cluster) addNode(id string, octet int) *nodeProc {
+	return c.addNodePorts(id, octet, uint16(30000+octet*20), 20)
+}
+
+// addNodePorts is addNode with ports host ports from portMin (a node takes
+// a sandbox per host port).
+func (c *cluster) addNodePorts(id string, octet int, portMin, ports uint16) *nodeProc {
 	t := c.t
 	dir := filepath.Join(c.dir, id)
 	tag := randHex(2)
@@ -144,8 +150,8 @@ func (c *cluster) addNode(id string, octet int) *nodeProc {
 	// Port ranges stay in 30000-32767: above the default range, below the
 	// kernel's ephemeral ports (a DNATed range there would capture other
 	// tests' outgoing connections).
-	n.net.PortMin = uint16(30000 + octet*20)
-	n.net.PortMax = n.net.PortMin + 19
+	n.net.PortMin = portMin
+	n.net.PortMax = n.net.PortMin + ports - 1
 	n.net.Transit = netip.MustParsePrefix(fmt.Sprintf("10.253.%d.0/30", octet))
 	n.net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.29.%d.0/24", octet))
 	n.listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -95,3 +95,75 @@ func buildRootfsB(b *testing.B, dir string) {
 		}
 	}
 }
+
+// BenchmarkSyscallLoop runs `probe loop` in a hardened sandbox and reports
+// the ns per call of a few syscalls under the sandbox's seccomp filter (see
+// probe's loop). With CUBE_BENCH_EXE pointing at another build's cube-shim
+// (e.g. the previous commit's, see seccomp-bench.sh) it measures that
+// build's filter: `go test ./test/security -run '^$' -bench SyscallLoop`.
+func BenchmarkSyscallLoop(b *testing.B) {
+	needRoot(b)
+	base := b.TempDir()
+	rootfs := filepath.Join(base, "template")
+	buildRootfsB(b, rootfs)
+	shared := filepath.Join(base, "shared")
+	if err := os.Mkdir(shared, 0o777); err != nil {
+		b.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	if e := os.Getenv("CUBE_BENCH_EXE"); e != "" {
+		exe = e
+	}
+	parent := "cube-secb-loop"
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = cgroup.DeleteEverywhere(ctx, nsrt.ShimCgroup(parent))
+		_ = cgroup.DeleteEverywhere(ctx, parent)
+	}()
+	const rounds = 200000
+	sums := map[string]float64{}
+	for i := 0; b.Loop(); i++ {
+		id := "l" + strconv.Itoa(i)
+		stateDir := filepath.Join(base, id)
+		if err := os.Mkdir(stateDir, 0o700); err != nil {
+			b.Fatal(err)
+		}
+		out := filepath.Join(shared, id)
+		sb, err := nsrt.Start(context.Background(), exe, nsrt.Spec{
+			ID: id, StateDir: stateDir, Rootfs: rootfs,
+			Args: []string{"/bin/sh", "-c", "echo x >&3; /bin/probe loop " + strconv.Itoa(rounds) + " > /shared/" + id + ".tmp; mv /shared/" + id + ".tmp /shared/" + id + "; exec sleep 1000"},
+			Env:  []string{"PATH=/bin"}, Resources: cgroup.Resources{PidsMax: 64, MemoryMB: 128},
+			Binds:        []nsrt.Bind{{Source: probeBinary(b), Target: "/bin/probe", ReadOnly: true}, {Source: shared, Target: "/shared"}},
+			CgroupParent: parent,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var text []byte
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if text, err = os.ReadFile(out); err == nil {
+				break
+			}
+		}
+		sb.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		if err := nsrt.Cleanup(cctx, stateDir, parent, id); err != nil {
+			b.Error(err)
+		}
+		cancel()
+		if text == nil {
+			b.Fatal("probe loop wrote nothing")
+		}
+		for k, v := range results(string(text)) {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("probe loop: %s=%s", k, v)
+			}
+			sums[k] += n
+		}
+	}
+	for k, v := range sums {
+		b.ReportMetric(v/float64(b.N), k+"-ns/call")
+	}
+}

@@ -70,6 +70,12 @@ func TestEscapesFail(t *testing.T) {
 		"write_template_file": "ok",     // copy-up into the sandbox's own layer
 		"sethostname":         "EPERM",  // no CAP_SYS_ADMIN
 		"settimeofday":        "EPERM",
+		"userfaultfd":         "EPERM", // outside the seccomp allowlist
+		"io_uring_setup":      "EPERM",
+		"kcmp":                "EPERM",
+		"open_by_handle_at":   "EPERM",
+		"vsock_socket":        "EPERM",
+		"personality_no_aslr": "EPERM",
 		"setuid_child":        "ok", // envd's user switching still works
 		"NoNewPrivs":          "1",
 		"Seccomp":             "2",

@@ -7,6 +7,7 @@ package process
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sort"
 	"strconv"
@@ -26,6 +27,7 @@ import (
 // Service is the process.Process implementation.
 type Service struct {
 	settings *account.Settings
+	log      *slog.Logger // nil: no log
 
 	mu     sync.Mutex
 	procs  map[uint32]*proc

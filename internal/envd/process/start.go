@@ -56,7 +56,8 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 		p.run(func() {})
 		return rpcerr.From(err)
 	}
-	p.run(func() { s.remove(p) })
+	s.logStart(p, user.Name)
+	p.run(func() { s.remove(p); s.logEnd(p) })
 	return follow(ctx, req.Header(), p, sub, nil, func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.StartResponse{Event: ev})
 	})

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -22,7 +23,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: probe escapes HOSTPID LOWERDIR | hog MB | fill PATH | serve SOCK")
+		fmt.Fprintln(os.Stderr, "usage: probe escapes HOSTPID LOWERDIR | hog MB | fill PATH | serve SOCK | refuse | loop N")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -35,6 +36,13 @@ func main() {
 		fill(os.Args[2])
 	case "serve":
 		serve(os.Args[2])
+	case "refuse": // one call outside the allowlist, for the seccomp log
+		_, _, e := unix.Syscall(unix.SYS_KCMP, 0, 0, 0)
+		report("kcmp", errno(e))
+		time.Sleep(time.Second) // stay mappable to the sandbox (pid -> cgroup)
+	case "loop":
+		n, _ := strconv.Atoi(os.Args[2])
+		loop(n)
 	default:
 		os.Exit(2)
 	}
@@ -114,6 +122,25 @@ func escapes(hostPID, lowerDir string) {
 	report("sethostname", unix.Sethostname([]byte("evil")))
 	tv := unix.Timeval{Sec: 1}
 	report("settimeofday", unix.Settimeofday(&tv))
+	// Outside the allowlist (internal/seccomp): EPERM from the filter,
+	// though the kernel would run them for root in a sandbox.
+	_, _, e = unix.Syscall(unix.SYS_USERFAULTFD, 0, 0, 0)
+	report("userfaultfd", errno(e))
+	var params [120]byte // struct io_uring_params
+	_, _, e = unix.Syscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params)), 0)
+	report("io_uring_setup", errno(e))
+	self := uintptr(os.Getpid())
+	_, _, e = unix.Syscall6(unix.SYS_KCMP, self, self, 0 /* KCMP_FILE */, 0, 0, 0)
+	report("kcmp", errno(e))
+	_, _, e = unix.Syscall(unix.SYS_OPEN_BY_HANDLE_AT, 0, 0, 0)
+	report("open_by_handle_at", errno(e))
+	vs, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM, 0)
+	if err == nil {
+		unix.Close(vs)
+	}
+	report("vsock_socket", err)
+	_, _, e = unix.Syscall(unix.SYS_PERSONALITY, 0x0040000 /* ADDR_NO_RANDOMIZE */, 0, 0)
+	report("personality_no_aslr", errno(e))
 	cmd := exec.Command("/bin/sh", "-c", "id -u")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{1000}}}
 	out, err := cmd.Output()
@@ -183,4 +210,45 @@ func serve(path string) {
 			_, _ = io.CopyN(c, c, 3)
 		}()
 	}
+}
+
+// loop times n rounds of each of a few syscalls and prints "name=ns/call":
+// what a syscall-heavy workload pays for the seccomp filter. getppid and
+// fstatat are constant answers the kernel caches per syscall (>= 5.11);
+// socket is checked on its argument every time; fork (clone) too, plus
+// the process it makes.
+func loop(n int) {
+	var st unix.Stat_t
+	time := func(name string, rounds int, f func()) {
+		start := nanotime()
+		for range rounds {
+			f()
+		}
+		fmt.Printf("%s=%d\n", name, (nanotime()-start)/int64(rounds))
+	}
+	time("getppid", n, func() { unix.Getppid() })
+	time("fstatat", n, func() { _ = unix.Fstatat(unix.AT_FDCWD, "/", &st, 0) })
+	time("socket_close", n/4, func() {
+		if fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0); err == nil {
+			unix.Close(fd)
+		}
+	})
+	time("refused_kcmp", n/4, func() { unix.Syscall6(unix.SYS_KCMP, 1, 1, 0, 0, 0, 0) })
+	time("fork_wait", max(n/1000, 10), func() {
+		pid, _, e := unix.RawSyscall(unix.SYS_CLONE, uintptr(unix.SIGCHLD), 0, 0)
+		if e != 0 {
+			return
+		}
+		if pid == 0 {
+			unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+		}
+		var ws unix.WaitStatus
+		unix.Wait4(int(pid), &ws, 0, nil)
+	})
+}
+
+func nanotime() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }

@@ -109,13 +109,17 @@ func (x *Template) GetDiskSizeMb() int32 {
 }
 
 type Capacity struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CpuCount      int32                  `protobuf:"varint,1,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`             // schedulable vCPUs (sandbox cpu requests are summed against it)
-	MemoryMb      int64                  `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`             // schedulable memory
-	MaxSandboxes  int32                  `protobuf:"varint,3,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"` // hard cap on sandboxes
-	MaxCreates    int32                  `protobuf:"varint,4,opt,name=max_creates,json=maxCreates,proto3" json:"max_creates,omitempty"`       // concurrent creates the node accepts
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	CpuCount     int32                  `protobuf:"varint,1,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`             // schedulable vCPUs (sandbox cpu requests are summed against it)
+	MemoryMb     int64                  `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`             // schedulable memory
+	MaxSandboxes int32                  `protobuf:"varint,3,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"` // hard cap on sandboxes
+	MaxCreates   int32                  `protobuf:"varint,4,opt,name=max_creates,json=maxCreates,proto3" json:"max_creates,omitempty"`       // concurrent creates the node accepts
+	// Memory the node keeps free: it takes no new sandbox while the memory
+	// available (NodeUsage), less what the creates since that report are
+	// expected to use, is below it. 0: no usage-based memory check.
+	MemoryReserveMb int64 `protobuf:"varint,5,opt,name=memory_reserve_mb,json=memoryReserveMb,proto3" json:"memory_reserve_mb,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Capacity) Reset() {
@@ -176,6 +180,91 @@ func (x *Capacity) GetMaxCreates() int32 {
 	return 0
 }
 
+func (x *Capacity) GetMemoryReserveMb() int64 {
+	if x != nil {
+		return x.MemoryReserveMb
+	}
+	return 0
+}
+
+// NodeUsage is what the node's sandboxes actually use, sampled before each
+// heartbeat; the scheduler places by it beside the nominal Capacity.
+type NodeUsage struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	MemoryAvailableMb int64                  `protobuf:"varint,1,opt,name=memory_available_mb,json=memoryAvailableMb,proto3" json:"memory_available_mb,omitempty"` // host MemAvailable (or the node's cgroup limit less its usage, when lower)
+	SandboxResidentMb int64                  `protobuf:"varint,2,opt,name=sandbox_resident_mb,json=sandboxResidentMb,proto3" json:"sandbox_resident_mb,omitempty"` // memory charged to the sandboxes' cgroups, page cache excluded
+	Sandboxes         int32                  `protobuf:"varint,3,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`                                            // sandboxes (and pool slots) the resident figure covers
+	CpuUsedMilli      int32                  `protobuf:"varint,4,opt,name=cpu_used_milli,json=cpuUsedMilli,proto3" json:"cpu_used_milli,omitempty"`                // CPU the sandboxes used since the last sample, in thousandths of a core
+	Cpus              int32                  `protobuf:"varint,5,opt,name=cpus,proto3" json:"cpus,omitempty"`                                                      // cores of the host
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *NodeUsage) Reset() {
+	*x = NodeUsage{}
+	mi := &file_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeUsage) ProtoMessage() {}
+
+func (x *NodeUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeUsage.ProtoReflect.Descriptor instead.
+func (*NodeUsage) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeUsage) GetMemoryAvailableMb() int64 {
+	if x != nil {
+		return x.MemoryAvailableMb
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetSandboxResidentMb() int64 {
+	if x != nil {
+		return x.SandboxResidentMb
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetSandboxes() int32 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetCpuUsedMilli() int32 {
+	if x != nil {
+		return x.CpuUsedMilli
+	}
+	return 0
+}
+
+func (x *NodeUsage) GetCpus() int32 {
+	if x != nil {
+		return x.Cpus
+	}
+	return 0
+}
+
 type NodeInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -192,7 +281,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_v1_node_proto_msgTypes[2]
+	mi := &file_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -204,7 +293,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[2]
+	mi := &file_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -217,7 +306,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeInfo) GetNodeId() string {
@@ -289,7 +378,7 @@ type NodeHealth struct {
 
 func (x *NodeHealth) Reset() {
 	*x = NodeHealth{}
-	mi := &file_v1_node_proto_msgTypes[3]
+	mi := &file_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +390,7 @@ func (x *NodeHealth) String() string {
 func (*NodeHealth) ProtoMessage() {}
 
 func (x *NodeHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[3]
+	mi := &file_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +403,7 @@ func (x *NodeHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
 func (*NodeHealth) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeHealth) GetSocket() *SocketHealth {
@@ -345,7 +434,7 @@ type SocketHealth struct {
 
 func (x *SocketHealth) Reset() {
 	*x = SocketHealth{}
-	mi := &file_v1_node_proto_msgTypes[4]
+	mi := &file_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -357,7 +446,7 @@ func (x *SocketHealth) String() string {
 func (*SocketHealth) ProtoMessage() {}
 
 func (x *SocketHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[4]
+	mi := &file_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -370,7 +459,7 @@ func (x *SocketHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SocketHealth.ProtoReflect.Descriptor instead.
 func (*SocketHealth) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SocketHealth) GetServing() bool {
@@ -418,7 +507,7 @@ type PreflightHealth struct {
 
 func (x *PreflightHealth) Reset() {
 	*x = PreflightHealth{}
-	mi := &file_v1_node_proto_msgTypes[5]
+	mi := &file_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +519,7 @@ func (x *PreflightHealth) String() string {
 func (*PreflightHealth) ProtoMessage() {}
 
 func (x *PreflightHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[5]
+	mi := &file_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +532,7 @@ func (x *PreflightHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PreflightHealth.ProtoReflect.Descriptor instead.
 func (*PreflightHealth) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PreflightHealth) GetState() string {
@@ -497,7 +586,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_v1_node_proto_msgTypes[6]
+	mi := &file_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +598,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[6]
+	mi := &file_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +611,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterRequest) GetNode() *NodeInfo {
@@ -542,7 +631,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_v1_node_proto_msgTypes[7]
+	mi := &file_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +643,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[7]
+	mi := &file_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +656,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RegisterResponse) GetServerVersion() string {
@@ -590,13 +679,14 @@ type HeartbeatRequest struct {
 	SandboxIds    []string               `protobuf:"bytes,2,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"` // every sandbox the node runs
 	Templates     []*Template            `protobuf:"bytes,3,rep,name=templates,proto3" json:"templates,omitempty"`
 	Health        *NodeHealth            `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"` // unset: keep what the node reported last
+	Usage         *NodeUsage             `protobuf:"bytes,5,opt,name=usage,proto3" json:"usage,omitempty"`   // unset: the node does not report usage (older cubelets)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_v1_node_proto_msgTypes[8]
+	mi := &file_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +698,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[8]
+	mi := &file_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +711,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -652,6 +742,13 @@ func (x *HeartbeatRequest) GetHealth() *NodeHealth {
 	return nil
 }
 
+func (x *HeartbeatRequest) GetUsage() *NodeUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 type HeartbeatResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	KillSandboxIds []string               `protobuf:"bytes,1,rep,name=kill_sandbox_ids,json=killSandboxIds,proto3" json:"kill_sandbox_ids,omitempty"` // sandboxes the server no longer knows: the node removes them
@@ -662,7 +759,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_v1_node_proto_msgTypes[9]
+	mi := &file_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +771,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[9]
+	mi := &file_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +784,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HeartbeatResponse) GetKillSandboxIds() []string {
@@ -723,7 +820,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_v1_node_proto_msgTypes[10]
+	mi := &file_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +832,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[10]
+	mi := &file_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +845,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Sandbox) GetSandboxId() string {
@@ -837,7 +934,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_v1_node_proto_msgTypes[11]
+	mi := &file_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +946,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[11]
+	mi := &file_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +959,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateSandboxRequest) GetSandboxId() string {
@@ -937,7 +1034,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_v1_node_proto_msgTypes[12]
+	mi := &file_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1046,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[12]
+	mi := &file_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1059,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -981,7 +1078,7 @@ type SandboxRef struct {
 
 func (x *SandboxRef) Reset() {
 	*x = SandboxRef{}
-	mi := &file_v1_node_proto_msgTypes[13]
+	mi := &file_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1090,7 @@ func (x *SandboxRef) String() string {
 func (*SandboxRef) ProtoMessage() {}
 
 func (x *SandboxRef) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[13]
+	mi := &file_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1103,7 @@ func (x *SandboxRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxRef.ProtoReflect.Descriptor instead.
 func (*SandboxRef) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SandboxRef) GetSandboxId() string {
@@ -1024,7 +1121,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_v1_node_proto_msgTypes[14]
+	mi := &file_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1133,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[14]
+	mi := &file_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1146,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 type MapPortRequest struct {
@@ -1062,7 +1159,7 @@ type MapPortRequest struct {
 
 func (x *MapPortRequest) Reset() {
 	*x = MapPortRequest{}
-	mi := &file_v1_node_proto_msgTypes[15]
+	mi := &file_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1171,7 @@ func (x *MapPortRequest) String() string {
 func (*MapPortRequest) ProtoMessage() {}
 
 func (x *MapPortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[15]
+	mi := &file_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1184,7 @@ func (x *MapPortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MapPortRequest.ProtoReflect.Descriptor instead.
 func (*MapPortRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MapPortRequest) GetSandboxId() string {
@@ -1113,7 +1210,7 @@ type MapPortResponse struct {
 
 func (x *MapPortResponse) Reset() {
 	*x = MapPortResponse{}
-	mi := &file_v1_node_proto_msgTypes[16]
+	mi := &file_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1222,7 @@ func (x *MapPortResponse) String() string {
 func (*MapPortResponse) ProtoMessage() {}
 
 func (x *MapPortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[16]
+	mi := &file_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1235,7 @@ func (x *MapPortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MapPortResponse.ProtoReflect.Descriptor instead.
 func (*MapPortResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MapPortResponse) GetHostPort() uint32 {
@@ -1164,7 +1261,7 @@ type Metrics struct {
 
 func (x *Metrics) Reset() {
 	*x = Metrics{}
-	mi := &file_v1_node_proto_msgTypes[17]
+	mi := &file_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1273,7 @@ func (x *Metrics) String() string {
 func (*Metrics) ProtoMessage() {}
 
 func (x *Metrics) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[17]
+	mi := &file_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1286,7 @@ func (x *Metrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metrics.ProtoReflect.Descriptor instead.
 func (*Metrics) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{17}
+	return file_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Metrics) GetTimestampUnixMs() int64 {
@@ -1260,7 +1357,7 @@ type EgressRequest struct {
 
 func (x *EgressRequest) Reset() {
 	*x = EgressRequest{}
-	mi := &file_v1_node_proto_msgTypes[18]
+	mi := &file_v1_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1272,7 +1369,7 @@ func (x *EgressRequest) String() string {
 func (*EgressRequest) ProtoMessage() {}
 
 func (x *EgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[18]
+	mi := &file_v1_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1285,7 +1382,7 @@ func (x *EgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EgressRequest.ProtoReflect.Descriptor instead.
 func (*EgressRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{18}
+	return file_v1_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EgressRequest) GetSandboxId() string {
@@ -1325,7 +1422,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_v1_node_proto_msgTypes[19]
+	mi := &file_v1_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1434,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[19]
+	mi := &file_v1_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1447,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{19}
+	return file_v1_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1375,7 +1472,7 @@ type TemplateDefaults struct {
 
 func (x *TemplateDefaults) Reset() {
 	*x = TemplateDefaults{}
-	mi := &file_v1_node_proto_msgTypes[20]
+	mi := &file_v1_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1484,7 @@ func (x *TemplateDefaults) String() string {
 func (*TemplateDefaults) ProtoMessage() {}
 
 func (x *TemplateDefaults) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[20]
+	mi := &file_v1_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1497,7 @@ func (x *TemplateDefaults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateDefaults.ProtoReflect.Descriptor instead.
 func (*TemplateDefaults) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{20}
+	return file_v1_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TemplateDefaults) GetEnv() map[string]string {
@@ -1454,7 +1551,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_v1_node_proto_msgTypes[21]
+	mi := &file_v1_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1563,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[21]
+	mi := &file_v1_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1576,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{21}
+	return file_v1_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -1526,7 +1623,7 @@ type CommitSandboxResponse struct {
 
 func (x *CommitSandboxResponse) Reset() {
 	*x = CommitSandboxResponse{}
-	mi := &file_v1_node_proto_msgTypes[22]
+	mi := &file_v1_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1635,7 @@ func (x *CommitSandboxResponse) String() string {
 func (*CommitSandboxResponse) ProtoMessage() {}
 
 func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[22]
+	mi := &file_v1_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1648,7 @@ func (x *CommitSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CommitSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{22}
+	return file_v1_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CommitSandboxResponse) GetTemplate() *Template {
@@ -1571,7 +1668,7 @@ type TemplateName struct {
 
 func (x *TemplateName) Reset() {
 	*x = TemplateName{}
-	mi := &file_v1_node_proto_msgTypes[23]
+	mi := &file_v1_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1680,7 @@ func (x *TemplateName) String() string {
 func (*TemplateName) ProtoMessage() {}
 
 func (x *TemplateName) ProtoReflect() protoreflect.Message {
-	mi := &file_v1_node_proto_msgTypes[23]
+	mi := &file_v1_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1693,7 @@ func (x *TemplateName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TemplateName.ProtoReflect.Descriptor instead.
 func (*TemplateName) Descriptor() ([]byte, []int) {
-	return file_v1_node_proto_rawDescGZIP(), []int{23}
+	return file_v1_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TemplateName) GetName() string {
@@ -1604,6 +1701,212 @@ func (x *TemplateName) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+// SandboxLogsRequest asks a node for the log of a sandbox it runs or ran
+// (kept for a retention after the sandbox ends; docs/observability.md).
+type SandboxLogsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	CursorUnixMs  int64                  `protobuf:"varint,2,opt,name=cursor_unix_ms,json=cursorUnixMs,proto3" json:"cursor_unix_ms,omitempty"` // 0: from the first line (forward) or the last (backward)
+	Backward      bool                   `protobuf:"varint,3,opt,name=backward,proto3" json:"backward,omitempty"`                               // newest first, at or before the cursor
+	Limit         int32                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`                                     // 0: the node's default
+	MinLevel      string                 `protobuf:"bytes,5,opt,name=min_level,json=minLevel,proto3" json:"min_level,omitempty"`                // "", debug, info, warn, error
+	Search        string                 `protobuf:"bytes,6,opt,name=search,proto3" json:"search,omitempty"`                                    // case-sensitive substring of the message
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogsRequest) Reset() {
+	*x = SandboxLogsRequest{}
+	mi := &file_v1_node_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogsRequest) ProtoMessage() {}
+
+func (x *SandboxLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogsRequest.ProtoReflect.Descriptor instead.
+func (*SandboxLogsRequest) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SandboxLogsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxLogsRequest) GetCursorUnixMs() int64 {
+	if x != nil {
+		return x.CursorUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxLogsRequest) GetBackward() bool {
+	if x != nil {
+		return x.Backward
+	}
+	return false
+}
+
+func (x *SandboxLogsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SandboxLogsRequest) GetMinLevel() string {
+	if x != nil {
+		return x.MinLevel
+	}
+	return ""
+}
+
+func (x *SandboxLogsRequest) GetSearch() string {
+	if x != nil {
+		return x.Search
+	}
+	return ""
+}
+
+type SandboxLogEntry struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TimestampUnixMs int64                  `protobuf:"varint,1,opt,name=timestamp_unix_ms,json=timestampUnixMs,proto3" json:"timestamp_unix_ms,omitempty"`
+	Level           string                 `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`   // debug, info, warn, error
+	Logger          string                 `protobuf:"bytes,3,opt,name=logger,proto3" json:"logger,omitempty"` // envd, process, filesystem, cubelet
+	Message         string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Fields          map[string]string      `protobuf:"bytes,5,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SandboxLogEntry) Reset() {
+	*x = SandboxLogEntry{}
+	mi := &file_v1_node_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogEntry) ProtoMessage() {}
+
+func (x *SandboxLogEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogEntry.ProtoReflect.Descriptor instead.
+func (*SandboxLogEntry) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SandboxLogEntry) GetTimestampUnixMs() int64 {
+	if x != nil {
+		return x.TimestampUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxLogEntry) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *SandboxLogEntry) GetLogger() string {
+	if x != nil {
+		return x.Logger
+	}
+	return ""
+}
+
+func (x *SandboxLogEntry) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SandboxLogEntry) GetFields() map[string]string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+type SandboxLogsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*SandboxLogEntry     `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogsResponse) Reset() {
+	*x = SandboxLogsResponse{}
+	mi := &file_v1_node_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogsResponse) ProtoMessage() {}
+
+func (x *SandboxLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogsResponse.ProtoReflect.Descriptor instead.
+func (*SandboxLogsResponse) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SandboxLogsResponse) GetEntries() []*SandboxLogEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
 }
 
 var File_v1_node_proto protoreflect.FileDescriptor
@@ -1617,13 +1920,20 @@ const file_v1_node_proto_rawDesc = "" +
 	"\tcpu_count\x18\x03 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x04 \x01(\x05R\bmemoryMb\x12 \n" +
 	"\fdisk_size_mb\x18\x05 \x01(\x05R\n" +
-	"diskSizeMb\"\x8a\x01\n" +
+	"diskSizeMb\"\xb6\x01\n" +
 	"\bCapacity\x12\x1b\n" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12#\n" +
 	"\rmax_sandboxes\x18\x03 \x01(\x05R\fmaxSandboxes\x12\x1f\n" +
 	"\vmax_creates\x18\x04 \x01(\x05R\n" +
-	"maxCreates\"\xa1\x02\n" +
+	"maxCreates\x12*\n" +
+	"\x11memory_reserve_mb\x18\x05 \x01(\x03R\x0fmemoryReserveMb\"\xc3\x01\n" +
+	"\tNodeUsage\x12.\n" +
+	"\x13memory_available_mb\x18\x01 \x01(\x03R\x11memoryAvailableMb\x12.\n" +
+	"\x13sandbox_resident_mb\x18\x02 \x01(\x03R\x11sandboxResidentMb\x12\x1c\n" +
+	"\tsandboxes\x18\x03 \x01(\x05R\tsandboxes\x12$\n" +
+	"\x0ecpu_used_milli\x18\x04 \x01(\x05R\fcpuUsedMilli\x12\x12\n" +
+	"\x04cpus\x18\x05 \x01(\x05R\x04cpus\"\xa1\x02\n" +
 	"\bNodeInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
@@ -1656,13 +1966,14 @@ const file_v1_node_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x16.cube.node.v1.NodeInfoR\x04node\"m\n" +
 	"\x10RegisterResponse\x12%\n" +
 	"\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xb4\x01\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"\xe3\x01\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vsandbox_ids\x18\x02 \x03(\tR\n" +
 	"sandboxIds\x124\n" +
 	"\ttemplates\x18\x03 \x03(\v2\x16.cube.node.v1.TemplateR\ttemplates\x120\n" +
-	"\x06health\x18\x04 \x01(\v2\x18.cube.node.v1.NodeHealthR\x06health\"]\n" +
+	"\x06health\x18\x04 \x01(\v2\x18.cube.node.v1.NodeHealthR\x06health\x12-\n" +
+	"\x05usage\x18\x05 \x01(\v2\x17.cube.node.v1.NodeUsageR\x05usage\"]\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10kill_sandbox_ids\x18\x01 \x03(\tR\x0ekillSandboxIds\x12\x1e\n" +
 	"\n" +
@@ -1746,10 +2057,29 @@ const file_v1_node_proto_rawDesc = "" +
 	"\x15CommitSandboxResponse\x122\n" +
 	"\btemplate\x18\x01 \x01(\v2\x16.cube.node.v1.TemplateR\btemplate\"\"\n" +
 	"\fTemplateName\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name2\xaa\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xc0\x01\n" +
+	"\x12SandboxLogsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12$\n" +
+	"\x0ecursor_unix_ms\x18\x02 \x01(\x03R\fcursorUnixMs\x12\x1a\n" +
+	"\bbackward\x18\x03 \x01(\bR\bbackward\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\x12\x1b\n" +
+	"\tmin_level\x18\x05 \x01(\tR\bminLevel\x12\x16\n" +
+	"\x06search\x18\x06 \x01(\tR\x06search\"\x83\x02\n" +
+	"\x0fSandboxLogEntry\x12*\n" +
+	"\x11timestamp_unix_ms\x18\x01 \x01(\x03R\x0ftimestampUnixMs\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x16\n" +
+	"\x06logger\x18\x03 \x01(\tR\x06logger\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12A\n" +
+	"\x06fields\x18\x05 \x03(\v2).cube.node.v1.SandboxLogEntry.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
+	"\x13SandboxLogsResponse\x127\n" +
+	"\aentries\x18\x01 \x03(\v2\x1d.cube.node.v1.SandboxLogEntryR\aentries2\xaa\x01\n" +
 	"\x0fRegistryService\x12I\n" +
 	"\bRegister\x12\x1d.cube.node.v1.RegisterRequest\x1a\x1e.cube.node.v1.RegisterResponse\x12L\n" +
-	"\tHeartbeat\x12\x1e.cube.node.v1.HeartbeatRequest\x1a\x1f.cube.node.v1.HeartbeatResponse2\x90\x06\n" +
+	"\tHeartbeat\x12\x1e.cube.node.v1.HeartbeatRequest\x1a\x1f.cube.node.v1.HeartbeatResponse2\xe4\x06\n" +
 	"\x0eCubeletService\x126\n" +
 	"\aGetInfo\x12\x13.cube.node.v1.Empty\x1a\x16.cube.node.v1.NodeInfo\x12X\n" +
 	"\rCreateSandbox\x12\".cube.node.v1.CreateSandboxRequest\x1a#.cube.node.v1.CreateSandboxResponse\x12<\n" +
@@ -1762,7 +2092,8 @@ const file_v1_node_proto_rawDesc = "" +
 	"\fUpdateEgress\x12\x1b.cube.node.v1.EgressRequest\x1a\x13.cube.node.v1.Empty\x12I\n" +
 	"\rListSandboxes\x12\x13.cube.node.v1.Empty\x1a#.cube.node.v1.ListSandboxesResponse\x12X\n" +
 	"\rCommitSandbox\x12\".cube.node.v1.CommitSandboxRequest\x1a#.cube.node.v1.CommitSandboxResponse\x12A\n" +
-	"\x0eDeleteTemplate\x12\x1a.cube.node.v1.TemplateName\x1a\x13.cube.node.v1.EmptyB1Z/github.com/cube-dev/cube/api/gen/node/v1;nodev1b\x06proto3"
+	"\x0eDeleteTemplate\x12\x1a.cube.node.v1.TemplateName\x1a\x13.cube.node.v1.Empty\x12R\n" +
+	"\vSandboxLogs\x12 .cube.node.v1.SandboxLogsRequest\x1a!.cube.node.v1.SandboxLogsResponseB1Z/github.com/cube-dev/cube/api/gen/node/v1;nodev1b\x06proto3"
 
 var (
 	file_v1_node_proto_rawDescOnce sync.Once
@@ -1776,81 +2107,91 @@ func file_v1_node_proto_rawDescGZIP() []byte {
 	return file_v1_node_proto_rawDescData
 }
 
-var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_v1_node_proto_goTypes = []any{
 	(*Template)(nil),              // 0: cube.node.v1.Template
 	(*Capacity)(nil),              // 1: cube.node.v1.Capacity
-	(*NodeInfo)(nil),              // 2: cube.node.v1.NodeInfo
-	(*NodeHealth)(nil),            // 3: cube.node.v1.NodeHealth
-	(*SocketHealth)(nil),          // 4: cube.node.v1.SocketHealth
-	(*PreflightHealth)(nil),       // 5: cube.node.v1.PreflightHealth
-	(*RegisterRequest)(nil),       // 6: cube.node.v1.RegisterRequest
-	(*RegisterResponse)(nil),      // 7: cube.node.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),      // 8: cube.node.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 9: cube.node.v1.HeartbeatResponse
-	(*Sandbox)(nil),               // 10: cube.node.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 11: cube.node.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 12: cube.node.v1.CreateSandboxResponse
-	(*SandboxRef)(nil),            // 13: cube.node.v1.SandboxRef
-	(*Empty)(nil),                 // 14: cube.node.v1.Empty
-	(*MapPortRequest)(nil),        // 15: cube.node.v1.MapPortRequest
-	(*MapPortResponse)(nil),       // 16: cube.node.v1.MapPortResponse
-	(*Metrics)(nil),               // 17: cube.node.v1.Metrics
-	(*EgressRequest)(nil),         // 18: cube.node.v1.EgressRequest
-	(*ListSandboxesResponse)(nil), // 19: cube.node.v1.ListSandboxesResponse
-	(*TemplateDefaults)(nil),      // 20: cube.node.v1.TemplateDefaults
-	(*CommitSandboxRequest)(nil),  // 21: cube.node.v1.CommitSandboxRequest
-	(*CommitSandboxResponse)(nil), // 22: cube.node.v1.CommitSandboxResponse
-	(*TemplateName)(nil),          // 23: cube.node.v1.TemplateName
-	nil,                           // 24: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
-	nil,                           // 25: cube.node.v1.TemplateDefaults.EnvEntry
+	(*NodeUsage)(nil),             // 2: cube.node.v1.NodeUsage
+	(*NodeInfo)(nil),              // 3: cube.node.v1.NodeInfo
+	(*NodeHealth)(nil),            // 4: cube.node.v1.NodeHealth
+	(*SocketHealth)(nil),          // 5: cube.node.v1.SocketHealth
+	(*PreflightHealth)(nil),       // 6: cube.node.v1.PreflightHealth
+	(*RegisterRequest)(nil),       // 7: cube.node.v1.RegisterRequest
+	(*RegisterResponse)(nil),      // 8: cube.node.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),      // 9: cube.node.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 10: cube.node.v1.HeartbeatResponse
+	(*Sandbox)(nil),               // 11: cube.node.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 12: cube.node.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 13: cube.node.v1.CreateSandboxResponse
+	(*SandboxRef)(nil),            // 14: cube.node.v1.SandboxRef
+	(*Empty)(nil),                 // 15: cube.node.v1.Empty
+	(*MapPortRequest)(nil),        // 16: cube.node.v1.MapPortRequest
+	(*MapPortResponse)(nil),       // 17: cube.node.v1.MapPortResponse
+	(*Metrics)(nil),               // 18: cube.node.v1.Metrics
+	(*EgressRequest)(nil),         // 19: cube.node.v1.EgressRequest
+	(*ListSandboxesResponse)(nil), // 20: cube.node.v1.ListSandboxesResponse
+	(*TemplateDefaults)(nil),      // 21: cube.node.v1.TemplateDefaults
+	(*CommitSandboxRequest)(nil),  // 22: cube.node.v1.CommitSandboxRequest
+	(*CommitSandboxResponse)(nil), // 23: cube.node.v1.CommitSandboxResponse
+	(*TemplateName)(nil),          // 24: cube.node.v1.TemplateName
+	(*SandboxLogsRequest)(nil),    // 25: cube.node.v1.SandboxLogsRequest
+	(*SandboxLogEntry)(nil),       // 26: cube.node.v1.SandboxLogEntry
+	(*SandboxLogsResponse)(nil),   // 27: cube.node.v1.SandboxLogsResponse
+	nil,                           // 28: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	nil,                           // 29: cube.node.v1.TemplateDefaults.EnvEntry
+	nil,                           // 30: cube.node.v1.SandboxLogEntry.FieldsEntry
 }
 var file_v1_node_proto_depIdxs = []int32{
 	1,  // 0: cube.node.v1.NodeInfo.capacity:type_name -> cube.node.v1.Capacity
 	0,  // 1: cube.node.v1.NodeInfo.templates:type_name -> cube.node.v1.Template
-	3,  // 2: cube.node.v1.NodeInfo.health:type_name -> cube.node.v1.NodeHealth
-	4,  // 3: cube.node.v1.NodeHealth.socket:type_name -> cube.node.v1.SocketHealth
-	5,  // 4: cube.node.v1.NodeHealth.preflight:type_name -> cube.node.v1.PreflightHealth
-	2,  // 5: cube.node.v1.RegisterRequest.node:type_name -> cube.node.v1.NodeInfo
+	4,  // 2: cube.node.v1.NodeInfo.health:type_name -> cube.node.v1.NodeHealth
+	5,  // 3: cube.node.v1.NodeHealth.socket:type_name -> cube.node.v1.SocketHealth
+	6,  // 4: cube.node.v1.NodeHealth.preflight:type_name -> cube.node.v1.PreflightHealth
+	3,  // 5: cube.node.v1.RegisterRequest.node:type_name -> cube.node.v1.NodeInfo
 	0,  // 6: cube.node.v1.HeartbeatRequest.templates:type_name -> cube.node.v1.Template
-	3,  // 7: cube.node.v1.HeartbeatRequest.health:type_name -> cube.node.v1.NodeHealth
-	24, // 8: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
-	10, // 9: cube.node.v1.CreateSandboxResponse.sandbox:type_name -> cube.node.v1.Sandbox
-	10, // 10: cube.node.v1.ListSandboxesResponse.sandboxes:type_name -> cube.node.v1.Sandbox
-	25, // 11: cube.node.v1.TemplateDefaults.env:type_name -> cube.node.v1.TemplateDefaults.EnvEntry
-	20, // 12: cube.node.v1.CommitSandboxRequest.defaults:type_name -> cube.node.v1.TemplateDefaults
-	0,  // 13: cube.node.v1.CommitSandboxResponse.template:type_name -> cube.node.v1.Template
-	6,  // 14: cube.node.v1.RegistryService.Register:input_type -> cube.node.v1.RegisterRequest
-	8,  // 15: cube.node.v1.RegistryService.Heartbeat:input_type -> cube.node.v1.HeartbeatRequest
-	14, // 16: cube.node.v1.CubeletService.GetInfo:input_type -> cube.node.v1.Empty
-	11, // 17: cube.node.v1.CubeletService.CreateSandbox:input_type -> cube.node.v1.CreateSandboxRequest
-	13, // 18: cube.node.v1.CubeletService.KillSandbox:input_type -> cube.node.v1.SandboxRef
-	15, // 19: cube.node.v1.CubeletService.MapPort:input_type -> cube.node.v1.MapPortRequest
-	13, // 20: cube.node.v1.CubeletService.GetMetrics:input_type -> cube.node.v1.SandboxRef
-	13, // 21: cube.node.v1.CubeletService.PauseSandbox:input_type -> cube.node.v1.SandboxRef
-	13, // 22: cube.node.v1.CubeletService.ResumeSandbox:input_type -> cube.node.v1.SandboxRef
-	18, // 23: cube.node.v1.CubeletService.UpdateEgress:input_type -> cube.node.v1.EgressRequest
-	14, // 24: cube.node.v1.CubeletService.ListSandboxes:input_type -> cube.node.v1.Empty
-	21, // 25: cube.node.v1.CubeletService.CommitSandbox:input_type -> cube.node.v1.CommitSandboxRequest
-	23, // 26: cube.node.v1.CubeletService.DeleteTemplate:input_type -> cube.node.v1.TemplateName
-	7,  // 27: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
-	9,  // 28: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
-	2,  // 29: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
-	12, // 30: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
-	14, // 31: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
-	16, // 32: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
-	17, // 33: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
-	14, // 34: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
-	14, // 35: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
-	14, // 36: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
-	19, // 37: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
-	22, // 38: cube.node.v1.CubeletService.CommitSandbox:output_type -> cube.node.v1.CommitSandboxResponse
-	14, // 39: cube.node.v1.CubeletService.DeleteTemplate:output_type -> cube.node.v1.Empty
-	27, // [27:40] is the sub-list for method output_type
-	14, // [14:27] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	4,  // 7: cube.node.v1.HeartbeatRequest.health:type_name -> cube.node.v1.NodeHealth
+	2,  // 8: cube.node.v1.HeartbeatRequest.usage:type_name -> cube.node.v1.NodeUsage
+	28, // 9: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	11, // 10: cube.node.v1.CreateSandboxResponse.sandbox:type_name -> cube.node.v1.Sandbox
+	11, // 11: cube.node.v1.ListSandboxesResponse.sandboxes:type_name -> cube.node.v1.Sandbox
+	29, // 12: cube.node.v1.TemplateDefaults.env:type_name -> cube.node.v1.TemplateDefaults.EnvEntry
+	21, // 13: cube.node.v1.CommitSandboxRequest.defaults:type_name -> cube.node.v1.TemplateDefaults
+	0,  // 14: cube.node.v1.CommitSandboxResponse.template:type_name -> cube.node.v1.Template
+	30, // 15: cube.node.v1.SandboxLogEntry.fields:type_name -> cube.node.v1.SandboxLogEntry.FieldsEntry
+	26, // 16: cube.node.v1.SandboxLogsResponse.entries:type_name -> cube.node.v1.SandboxLogEntry
+	7,  // 17: cube.node.v1.RegistryService.Register:input_type -> cube.node.v1.RegisterRequest
+	9,  // 18: cube.node.v1.RegistryService.Heartbeat:input_type -> cube.node.v1.HeartbeatRequest
+	15, // 19: cube.node.v1.CubeletService.GetInfo:input_type -> cube.node.v1.Empty
+	12, // 20: cube.node.v1.CubeletService.CreateSandbox:input_type -> cube.node.v1.CreateSandboxRequest
+	14, // 21: cube.node.v1.CubeletService.KillSandbox:input_type -> cube.node.v1.SandboxRef
+	16, // 22: cube.node.v1.CubeletService.MapPort:input_type -> cube.node.v1.MapPortRequest
+	14, // 23: cube.node.v1.CubeletService.GetMetrics:input_type -> cube.node.v1.SandboxRef
+	14, // 24: cube.node.v1.CubeletService.PauseSandbox:input_type -> cube.node.v1.SandboxRef
+	14, // 25: cube.node.v1.CubeletService.ResumeSandbox:input_type -> cube.node.v1.SandboxRef
+	19, // 26: cube.node.v1.CubeletService.UpdateEgress:input_type -> cube.node.v1.EgressRequest
+	15, // 27: cube.node.v1.CubeletService.ListSandboxes:input_type -> cube.node.v1.Empty
+	22, // 28: cube.node.v1.CubeletService.CommitSandbox:input_type -> cube.node.v1.CommitSandboxRequest
+	24, // 29: cube.node.v1.CubeletService.DeleteTemplate:input_type -> cube.node.v1.TemplateName
+	25, // 30: cube.node.v1.CubeletService.SandboxLogs:input_type -> cube.node.v1.SandboxLogsRequest
+	8,  // 31: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
+	10, // 32: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
+	3,  // 33: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
+	13, // 34: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
+	15, // 35: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
+	17, // 36: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
+	18, // 37: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
+	15, // 38: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
+	15, // 39: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
+	15, // 40: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
+	20, // 41: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
+	23, // 42: cube.node.v1.CubeletService.CommitSandbox:output_type -> cube.node.v1.CommitSandboxResponse
+	15, // 43: cube.node.v1.CubeletService.DeleteTemplate:output_type -> cube.node.v1.Empty
+	27, // 44: cube.node.v1.CubeletService.SandboxLogs:output_type -> cube.node.v1.SandboxLogsResponse
+	31, // [31:45] is the sub-list for method output_type
+	17, // [17:31] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_v1_node_proto_init() }
@@ -1864,7 +2205,7 @@ func file_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_v1_node_proto_rawDesc), len(file_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -83,6 +83,9 @@ const (
 	// CubeletServiceDeleteTemplateProcedure is the fully-qualified name of the CubeletService's
 	// DeleteTemplate RPC.
 	CubeletServiceDeleteTemplateProcedure = "/cube.node.v1.CubeletService/DeleteTemplate"
+	// CubeletServiceSandboxLogsProcedure is the fully-qualified name of the CubeletService's
+	// SandboxLogs RPC.
+	CubeletServiceSandboxLogsProcedure = "/cube.node.v1.CubeletService/SandboxLogs"
 )
 
 // RegistryServiceClient is a client for the cube.node.v1.RegistryService service.
@@ -196,6 +199,9 @@ type CubeletServiceClient interface {
 	// DeleteTemplate removes a template from the node; refused
 	// (FailedPrecondition) while a sandbox of it runs there. Unknown: NotFound.
 	DeleteTemplate(context.Context, *connect.Request[v1.TemplateName]) (*connect.Response[v1.Empty], error)
+	// SandboxLogs reads a sandbox's log (envd's lines and the node's
+	// lifecycle lines). Unknown, or ended longer ago than the retention: NotFound.
+	SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error)
 }
 
 // NewCubeletServiceClient constructs a client for the cube.node.v1.CubeletService service. By
@@ -275,6 +281,12 @@ func NewCubeletServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(cubeletServiceMethods.ByName("DeleteTemplate")),
 			connect.WithClientOptions(opts...),
 		),
+		sandboxLogs: connect.NewClient[v1.SandboxLogsRequest, v1.SandboxLogsResponse](
+			httpClient,
+			baseURL+CubeletServiceSandboxLogsProcedure,
+			connect.WithSchema(cubeletServiceMethods.ByName("SandboxLogs")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -291,6 +303,7 @@ type cubeletServiceClient struct {
 	listSandboxes  *connect.Client[v1.Empty, v1.ListSandboxesResponse]
 	commitSandbox  *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	deleteTemplate *connect.Client[v1.TemplateName, v1.Empty]
+	sandboxLogs    *connect.Client[v1.SandboxLogsRequest, v1.SandboxLogsResponse]
 }
 
 // GetInfo calls cube.node.v1.CubeletService.GetInfo.
@@ -348,6 +361,11 @@ func (c *cubeletServiceClient) DeleteTemplate(ctx context.Context, req *connect.
 	return c.deleteTemplate.CallUnary(ctx, req)
 }
 
+// SandboxLogs calls cube.node.v1.CubeletService.SandboxLogs.
+func (c *cubeletServiceClient) SandboxLogs(ctx context.Context, req *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error) {
+	return c.sandboxLogs.CallUnary(ctx, req)
+}
+
 // CubeletServiceHandler is an implementation of the cube.node.v1.CubeletService service.
 type CubeletServiceHandler interface {
 	GetInfo(context.Context, *connect.Request[v1.Empty]) (*connect.Response[v1.NodeInfo], error)
@@ -363,6 +381,9 @@ type CubeletServiceHandler interface {
 	// DeleteTemplate removes a template from the node; refused
 	// (FailedPrecondition) while a sandbox of it runs there. Unknown: NotFound.
 	DeleteTemplate(context.Context, *connect.Request[v1.TemplateName]) (*connect.Response[v1.Empty], error)
+	// SandboxLogs reads a sandbox's log (envd's lines and the node's
+	// lifecycle lines). Unknown, or ended longer ago than the retention: NotFound.
+	SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error)
 }
 
 // NewCubeletServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -438,6 +459,12 @@ func NewCubeletServiceHandler(svc CubeletServiceHandler, opts ...connect.Handler
 		connect.WithSchema(cubeletServiceMethods.ByName("DeleteTemplate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	cubeletServiceSandboxLogsHandler := connect.NewUnaryHandler(
+		CubeletServiceSandboxLogsProcedure,
+		svc.SandboxLogs,
+		connect.WithSchema(cubeletServiceMethods.ByName("SandboxLogs")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cube.node.v1.CubeletService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CubeletServiceGetInfoProcedure:
@@ -462,6 +489,8 @@ func NewCubeletServiceHandler(svc CubeletServiceHandler, opts ...connect.Handler
 			cubeletServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case CubeletServiceDeleteTemplateProcedure:
 			cubeletServiceDeleteTemplateHandler.ServeHTTP(w, r)
+		case CubeletServiceSandboxLogsProcedure:
+			cubeletServiceSandboxLogsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -513,4 +542,8 @@ func (UnimplementedCubeletServiceHandler) CommitSandbox(context.Context, *connec
 
 func (UnimplementedCubeletServiceHandler) DeleteTemplate(context.Context, *connect.Request[v1.TemplateName]) (*connect.Response[v1.Empty], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cube.node.v1.CubeletService.DeleteTemplate is not implemented"))
+}
+
+func (UnimplementedCubeletServiceHandler) SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cube.node.v1.CubeletService.SandboxLogs is not implemented"))
 }

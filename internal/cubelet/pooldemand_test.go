@@ -1,0 +1,165 @@
+package cubelet
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/nodestore"
+)
+
+// The adaptive target with a fake clock: it grows to the largest recent
+// burst, follows a sustained rate, stays within the budget, and returns to
+// the floor once the window has passed without creates.
+func TestDemandTarget(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	d := newDemand()
+	if got := d.target("base", t0, 4, 100); got != 4 {
+		t.Fatalf("no demand: target %d, want the floor 4", got)
+	}
+	for range 50 {
+		d.record("base", t0)
+	}
+	if got := d.target("base", t0.Add(time.Second), 4, 100); got != 50 {
+		t.Fatalf("after a burst of 50: target %d, want 50", got)
+	}
+	if got := d.target("other", t0, 4, 100); got != 4 {
+		t.Fatalf("demand is per template: other's target %d, want 4", got)
+	}
+	if got := d.target("base", t0, 4, 20); got != 20 {
+		t.Fatalf("budget of 20 slots: target %d", got)
+	}
+	if got := d.target("base", t0, 4, 2); got != 2 {
+		t.Fatalf("budget below the floor wins: target %d", got)
+	}
+	// Still grown just before the window ends (the next burst of the
+	// same run finds 50 slots), back to the floor after it.
+	if got := d.target("base", t0.Add(demandWindow-demandBucket), 4, 100); got != 50 {
+		t.Fatalf("within the window: target %d, want 50", got)
+	}
+	if got := d.target("base", t0.Add(demandWindow+demandBucket), 4, 100); got != 4 {
+		t.Fatalf("idle for the window: target %d, want the floor 4", got)
+	}
+	// A sustained 2 creates/s for the whole window, never more than 10 in
+	// a bucket: the rate term (2/s x 10 s lead) sets the target.
+	d2 := newDemand()
+	now := t0
+	for range int(demandWindow.Seconds()) * 2 {
+		d2.record("base", now)
+		now = now.Add(500 * time.Millisecond)
+	}
+	if got := d2.target("base", now, 4, 100); got != 20 {
+		t.Fatalf("sustained 2/s: target %d, want 20", got)
+	}
+	// A burst straddling a bucket boundary counts whole.
+	d3 := newDemand()
+	edge := time.Unix(0, (bucketOf(t0)+1)*int64(demandBucket))
+	for i := range 30 {
+		d3.record("base", edge.Add(time.Duration(i-15)*100*time.Millisecond))
+	}
+	if got := d3.target("base", edge, 4, 100); got != 30 {
+		t.Fatalf("burst over a bucket boundary: target %d, want 30", got)
+	}
+}
+
+// Buckets are reused around the ring: counts of a bucket a window ago do
+// not add to the bucket that takes its place.
+func TestDemandRingReuse(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	d := newDemand()
+	for range 30 {
+		d.record("base", t0)
+	}
+	later := t0.Add(demandWindow) // same ring slot, a window later
+	d.record("base", later)
+	if got := d.target("base", later, 0, 100); got != 1 {
+		t.Fatalf("target %d, want 1 (the old burst left the window)", got)
+	}
+}
+
+// The adaptive main target: sized by the pool template's demand within the
+// budget (less the fixed --pool-templates slots), trimmed one slot at a
+// time, oldest first, when it holds more; a fixed size is never trimmed.
+func TestAdaptiveMainTarget(t *testing.T) {
+	slot := func(id string) poolSlot {
+		return poolSlot{rec: nodestore.Sandbox{ID: id, Template: DefaultPoolTemplate}, stage: stepLaunch}
+	}
+	c := &Cubelet{cfg: Config{PoolSize: PoolAdaptive, PoolMemoryMB: 20 * poolSlotCostMB, PoolPrestart: true,
+		PoolTemplates: []PoolTarget{{Template: "interp", Size: 2}}}}
+	c.pool.demand = newDemand()
+	now := time.Now()
+	if got := c.mainSize(now); got != DefaultPoolFloor {
+		t.Fatalf("idle: main size %d, want the floor %d", got, DefaultPoolFloor)
+	}
+	for range 12 {
+		c.pool.demand.record(DefaultPoolTemplate, now)
+	}
+	if got := c.mainSize(now); got != 12 {
+		t.Fatalf("after a burst of 12: main size %d", got)
+	}
+	for range 30 {
+		c.pool.demand.record(DefaultPoolTemplate, now)
+	}
+	if got := c.mainSize(now); got != 18 {
+		t.Fatalf("burst of 42 with a budget of 20 slots, 2 fixed: main size %d, want 18", got)
+	}
+	if got := c.poolCapacity(); got != 20 {
+		t.Fatalf("pool capacity %d, want the budget's 20", got)
+	}
+	// Demand gone: 6 ready main slots and one of the fixed target's;
+	// trimmed to the floor, oldest first, the fixed slot kept.
+	c.pool.demand = newDemand()
+	fixed := poolSlot{rec: nodestore.Sandbox{ID: "pool-i", Template: "interp"}, stage: stepLaunch}
+	c.pool.ready = []poolSlot{slot("pool-0"), fixed, slot("pool-1"), slot("pool-2"), slot("pool-3"), slot("pool-4"), slot("pool-5")}
+	for c.trimLocked(now) {
+	}
+	if len(c.pool.ready) != DefaultPoolFloor+1 || len(c.pool.stale) != 2 ||
+		c.pool.stale[0].rec.ID != "pool-0" || c.pool.stale[1].rec.ID != "pool-1" {
+		t.Fatalf("after trimming: ready %v, stale %v", ids(c.pool.ready), ids(c.pool.stale))
+	}
+	fixedSize := &Cubelet{cfg: Config{PoolSize: 1}}
+	fixedSize.pool.ready = []poolSlot{slot("a"), slot("b")}
+	if fixedSize.trimLocked(now) {
+		t.Fatal("a fixed --pool-size trimmed a slot")
+	}
+}
+
+func ids(slots []poolSlot) []string {
+	var out []string
+	for _, s := range slots {
+		out = append(out, s.rec.ID)
+	}
+	return out
+}
+
+// A PoolTemplates entry of size PoolAdaptive follows its own template's
+// demand (floor 1) within what the budget leaves; the main target stays
+// fixed; trimming takes only the adaptive entry's extra slots.
+func TestAdaptivePoolTemplate(t *testing.T) {
+	c := &Cubelet{cfg: Config{PoolSize: 2, PoolMemoryMB: 10 * poolSlotCostMB, PoolPrestart: true,
+		PoolTemplates: []PoolTarget{{Template: "fixed", Size: 3}, {Template: "interp", Size: PoolAdaptive}}}}
+	c.pool.demand = newDemand()
+	now := time.Now()
+	if sz := c.sizesAt(now); sz.main != 2 || sz.extras["fixed"] != 3 || sz.extras["interp"] != extraFloor {
+		t.Fatalf("idle sizes %+v", sz)
+	}
+	for range 20 {
+		c.pool.demand.record("interp", now)
+	}
+	if sz := c.sizesAt(now); sz.main != 2 || sz.extras["interp"] != 7 {
+		t.Fatalf("burst of 20 with 10 budget slots, 3 fixed: sizes %+v, want interp 7", sz)
+	}
+	if got := c.poolCapacity(); got != 12 {
+		t.Fatalf("capacity %d, want the fixed main 2 + budget 10", got)
+	}
+	slot := func(id, tmpl string) poolSlot {
+		return poolSlot{rec: nodestore.Sandbox{ID: id, Template: tmpl}, stage: stepLaunch}
+	}
+	c.pool.demand = newDemand()
+	c.pool.ready = []poolSlot{slot("m1", DefaultPoolTemplate), slot("m2", DefaultPoolTemplate), slot("m3", DefaultPoolTemplate),
+		slot("i1", "interp"), slot("f1", "fixed"), slot("i2", "interp"), slot("i3", "interp")}
+	for c.trimLocked(now) {
+	}
+	if got := ids(c.pool.stale); len(got) != 2 || got[0] != "i1" || got[1] != "i2" {
+		t.Fatalf("trimmed %v, want the interp target's two oldest extra slots [i1 i2]", got)
+	}
+}
