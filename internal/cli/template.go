@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cube-dev/cube/internal/seccomp"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -24,7 +25,8 @@ func addDataDirFlag(c *cobra.Command, dir *string) {
 func newTemplateCreateCmd() *cobra.Command {
 	var dataDir, fromDir, fromTar, fromImage, fromOCI string
 	var insecure bool
-	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE | --from-image REF [--insecure-registry] | --from-oci DIR|TAR"
+	var syscalls []string
+	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE | --from-image REF [--insecure-registry] | --from-oci DIR|TAR [--allow-syscall NAME ...]"
 	c := &cobra.Command{
 		Use:   "create NAME (--from-dir DIR | --from-tar FILE | --from-image REF | --from-oci DIR|TAR)",
 		Short: "register a root filesystem (a directory, a .tar/.tar.gz, or a container image) as template NAME",
@@ -34,7 +36,8 @@ func newTemplateCreateCmd() *cobra.Command {
   --from-image REF   a container image in a registry (docker config credentials; the host's platform)
   --from-oci PATH    an OCI image layout directory, or a docker save / OCI archive tarball
 An image's Env, WorkingDir and USER become the defaults of its sandboxes' processes;
-see docs/templates.md.`,
+see docs/templates.md. --allow-syscall lets its sandboxes make a system call Cube's
+filter refuses (docs/security.md).`,
 		Args: exactArgs(1, usage),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n := 0
@@ -45,6 +48,11 @@ see docs/templates.md.`,
 			}
 			if n != 1 || (insecure && fromImage == "") {
 				return usageError{usage}
+			}
+			// Checked first: a template registered with a typo would
+			// fail every create.
+			if err := seccomp.CheckAllowed(syscalls); err != nil {
+				return fmt.Errorf("--allow-syscall: %w", err)
 			}
 			reg := template.NewRegistry(dataDir)
 			var t template.Template
@@ -62,8 +70,16 @@ see docs/templates.md.`,
 			if err != nil {
 				return err
 			}
+			if len(syscalls) > 0 {
+				if t, err = reg.UpdateDefaults(cmd.Context(), t.Name, func(d *template.Defaults) { d.Syscalls = syscalls }); err != nil {
+					return err
+				}
+			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "template %s registered (%s)\n", t.Name, t.Digest)
+			if len(syscalls) > 0 {
+				fmt.Fprintf(out, "its sandboxes may also call: %s\n", strings.Join(syscalls, ", "))
+			}
 			if d := t.Defaults; d != nil && d.ImageUser != "" && d.User == "" {
 				fmt.Fprintf(out, "note: the image's USER %q has no entry in its /etc/passwd; processes run as %q unless a request names a user\n", d.ImageUser, template.UserName)
 			}
@@ -76,6 +92,7 @@ see docs/templates.md.`,
 	c.Flags().StringVar(&fromImage, "from-image", "", "register a container image from a registry (e.g. docker.io/library/alpine:3.20)")
 	c.Flags().StringVar(&fromOCI, "from-oci", "", "register a container image from an OCI layout directory or a docker save / OCI archive tarball")
 	c.Flags().BoolVar(&insecure, "insecure-registry", false, "allow plain HTTP to the --from-image registry")
+	c.Flags().StringSliceVar(&syscalls, "allow-syscall", nil, "a system call its sandboxes may make beyond Cube's allowlist, unconditionally (repeatable or comma-separated; docs/security.md)")
 	return c
 }
 

@@ -92,6 +92,10 @@ func TestTemplateCreateFromImage(t *testing.T) {
 		{[]string{"create", "lay", "--from-oci", lay}, 0, `USER "4242" has no entry`, ""},
 		{[]string{"create", "x", "--from-oci", lay, "--insecure-registry"}, 2, "", "usage"},
 		{[]string{"create", "x", "--from-oci", lay, "--from-dir", lay}, 2, "", "usage"},
+		{[]string{"create", "typo", "--from-oci", lay, "--allow-syscall", "kcmpp"}, 1, "", `--allow-syscall: seccomp: unknown syscall "kcmpp"`},
+		{[]string{"create", "extra", "--from-oci", lay, "--allow-syscall", "kcmp,userfaultfd"}, 0, "its sandboxes may also call: kcmp, userfaultfd", ""},
+		{[]string{"inspect", "typo"}, 1, "", "not found"}, // refused before the import
+		{[]string{"inspect", "extra"}, 0, `"syscalls": [`, ""},
 		{[]string{"ls"}, 0, "user=app workdir=/work env=1 cmd=/bin/hello", ""},
 		{[]string{"inspect", "nope"}, 1, "", "not found"},
 	} {

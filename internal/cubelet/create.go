@@ -106,6 +106,10 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		return nsrt.Spec{}, err
 	}
 	binds = c.withLogPipe(dir, binds)
+	sc, err := c.seccompSpec(defaults)
+	if err != nil {
+		return nsrt.Spec{}, err
+	}
 	return nsrt.Spec{
 		ID:        rec.Runtime(),
 		StateDir:  dir,
@@ -127,7 +131,7 @@ func (c *Cubelet) runtimeSpec(rec nodestore.Sandbox, token string, envVars map[s
 		ReadyTimeout: envdReadyTimeout,
 		UserNS:       userns,
 		Reaper:       reaper,
-		Seccomp:      c.seccompSpec(),
+		Seccomp:      sc,
 	}, nil
 }
 

@@ -6,15 +6,23 @@ import (
 
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/seccomp"
+	"github.com/cube-dev/cube/internal/template"
 )
 
-// seccompSpec is the filter choice of new sandboxes: with SeccompLog the
-// kernel logs each refused call (see watchSeccomp); nil is the default.
-func (c *Cubelet) seccompSpec() *nsrt.Seccomp {
-	if !c.cfg.SeccompLog {
-		return nil
+// seccompSpec is the filter of a new sandbox of a template with defaults:
+// the policy, plus the template's Syscalls, in log mode with SeccompLog
+// (see watchSeccomp). It is compiled here, once per distinct choice per
+// process, and handed down in the spec: sandbox-init installs it as is.
+func (c *Cubelet) seccompSpec(defaults *template.Defaults) (*nsrt.Seccomp, error) {
+	var allow []string
+	if defaults != nil {
+		allow = defaults.Syscalls
 	}
-	return &nsrt.Seccomp{Log: true}
+	sc, err := nsrt.CompiledSeccomp(c.cfg.SeccompLog, allow)
+	if err != nil {
+		return nil, fmt.Errorf("syscall filter: %w", err)
+	}
+	return sc, nil
 }
 
 // watchSeccomp logs, with the sandbox's id, each syscall the kernel

@@ -140,5 +140,5 @@ func dropPrivileges(caps []uintptr, sc *Seccomp) error {
 	if err := seccomp.SetNoNewPrivs(); err != nil {
 		return err
 	}
-	return seccomp.InstallDefault(sc.options())
+	return sc.install()
 }

@@ -99,6 +99,56 @@ type Seccomp struct {
 	Log bool `json:"log,omitempty"`
 	// Allow lists syscalls allowed on top of the default policy.
 	Allow []string `json:"allow,omitempty"`
+	// Filters, when set, are Log and Allow compiled by the node agent
+	// (once per choice per process, see CompiledSeccomp): sandbox-init
+	// installs them as they are. Without them (specs written before they
+	// existed) sandbox-init compiles Log and Allow itself.
+	Filters []SeccompFilter `json:"filters,omitempty"`
+}
+
+// SeccompFilter is one compiled filter of a Seccomp.
+type SeccompFilter struct {
+	Code string `json:"code"` // seccomp.EncodeProgram
+	Log  bool   `json:"log,omitempty"`
+}
+
+// CompiledSeccomp is the Seccomp of the filter choice (log, allow) with
+// its filters compiled; each distinct choice is compiled once per process.
+func CompiledSeccomp(log bool, allow []string) (*Seccomp, error) {
+	fs, err := seccomp.Filters(seccomp.Options{Log: log, ExtraAllowed: allow})
+	if err != nil {
+		return nil, err
+	}
+	sc := &Seccomp{Log: log, Allow: allow}
+	for _, f := range fs {
+		sc.Filters = append(sc.Filters, SeccompFilter{Code: seccomp.EncodeProgram(f.Prog), Log: f.Log})
+	}
+	return sc, nil
+}
+
+// install installs s's filter: the compiled Filters, else the choice
+// compiled here (nil s: the default policy).
+func (s *Seccomp) install() error {
+	if s == nil || len(s.Filters) == 0 {
+		return seccomp.InstallDefault(s.options())
+	}
+	fs, err := s.decode()
+	if err != nil {
+		return err
+	}
+	return seccomp.InstallFilters(fs)
+}
+
+func (s *Seccomp) decode() ([]seccomp.Filter, error) {
+	var fs []seccomp.Filter
+	for i, f := range s.Filters {
+		prog, err := seccomp.DecodeProgram(f.Code)
+		if err != nil {
+			return nil, fmt.Errorf("seccomp filter %d: %w", i, err)
+		}
+		fs = append(fs, seccomp.Filter{Prog: prog, Log: f.Log})
+	}
+	return fs, nil
 }
 
 // options is the filter choice of s (nil: the default).
@@ -179,6 +229,11 @@ func (s Spec) Validate() error {
 	}
 	if s.Seccomp != nil && len(s.Seccomp.Allow) > 0 {
 		if _, err := seccomp.Program(s.Seccomp.options()); err != nil {
+			return bad("%v", err)
+		}
+	}
+	if s.Seccomp != nil {
+		if _, err := s.Seccomp.decode(); err != nil {
 			return bad("%v", err)
 		}
 	}

@@ -197,6 +197,14 @@ func Program(o Options) ([]unix.SockFilter, error) {
 	return Build(arch, DefaultPolicy().WithAllowed(o.ExtraAllowed...))
 }
 
+// CheckAllowed returns an error wrapping errdefs.ErrInvalidArgument when one
+// of names is not a system call of this architecture: the check a
+// template's extra syscalls get before any sandbox depends on them.
+func CheckAllowed(names []string) error {
+	_, err := Program(Options{ExtraAllowed: names})
+	return err
+}
+
 // Install loads prog for every thread of the calling process (TSYNC); the
 // filter is inherited across fork and exec and cannot be removed. With log,
 // the kernel also logs every action other than allow (SECCOMP_FILTER_FLAG_LOG).
@@ -239,21 +247,11 @@ func SetNoNewPrivs() error {
 // runs both and takes the stricter answer, and logs it only if it came
 // from the logged filter: the answers are the same as without logging.
 func InstallDefault(o Options) error {
-	if !o.Log {
-		prog, err := Program(o)
-		if err != nil {
-			return err
-		}
-		return Install(prog, false)
-	}
-	quiet, logged, err := logPrograms(o)
+	fs, err := Filters(o)
 	if err != nil {
 		return err
 	}
-	if err := Install(quiet, false); err != nil {
-		return err
-	}
-	return Install(logged, true)
+	return InstallFilters(fs)
 }
 
 // logPrograms are the two filters of log mode (see InstallDefault).

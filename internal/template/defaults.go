@@ -37,6 +37,10 @@ type Defaults struct {
 	// (see cubelet's start step). Set by template builds.
 	StartCmd string `json:"startCmd,omitempty"`
 	ReadyCmd string `json:"readyCmd,omitempty"`
+	// Syscalls are system calls this template's sandboxes may make beyond
+	// Cube's allowlist, unconditionally (docs/security.md); set by the
+	// operator with `cube template create --allow-syscall`.
+	Syscalls []string `json:"syscalls,omitempty"`
 }
 
 // imageDefaults turns the image config into Defaults, resolving USER
