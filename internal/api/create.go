@@ -89,6 +89,19 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if s.builds != nil {
+		// name:tag (and a name whose default tag moved) names the template
+		// holding a build (templatebuild/tags.go); the sandbox records the
+		// name it was asked for as its alias.
+		tpl, err := s.builds.ResolveTemplate(r.Context(), p.TemplateID)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if tpl != p.TemplateID {
+			p.Alias, p.TemplateID = p.TemplateID, tpl
+		}
+	}
 	sb, err := s.m.Create(r.Context(), p)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -36,6 +36,8 @@ func (s *server) templateRoutes(mux *http.ServeMux, auth func(http.HandlerFunc) 
 	mux.Handle("GET /templates/{templateID}/builds/{buildID}/status", auth(s.buildStatus))
 	mux.Handle("GET /templates", auth(s.listTemplates))
 	mux.Handle("DELETE /templates/{templateID}", auth(s.deleteTemplate))
+	mux.Handle("POST /templates/tags", auth(s.assignTags))   // tags.go
+	mux.Handle("DELETE /templates/tags", auth(s.removeTags)) // tags.go
 	// GET /templates/aliases/{alias} and GET /templates/{templateID}/tags
 	// overlap (/templates/aliases/tags), which ServeMux refuses to register
 	// as two patterns: one pattern, dispatched here.

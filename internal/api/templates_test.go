@@ -128,12 +128,12 @@ func TestTemplateBuildRoutes(t *testing.T) {
 		t.Fatalf("second request %+v", again)
 	}
 	for body, has := range map[string]string{
-		`{"name":"my-tpl:v1"}`:              "not supported by Cube yet",
-		`{"name":"my-tpl","tags":["prod"]}`: "not supported by Cube yet",
-		`{}`:                                "empty",
-		`{"name":"UPPER and spaces"}`:       "1-63 characters",
-		`{"name":"x","cpuCount":-1}`:        "negative",
-		`{"name":`:                          "malformed",
+		`{"name":"my-tpl:Not A Tag"}`:      "must match",
+		`{"name":"my-tpl","tags":["a b"]}`: "must match",
+		`{}`:                               "empty",
+		`{"name":"UPPER and spaces"}`:      "1-63 characters",
+		`{"name":"x","cpuCount":-1}`:       "negative",
+		`{"name":`:                         "malformed",
 		`{"name":"buildcache-0123456789abcdef01234"}`: "reserved",
 	} {
 		if r := e.do("POST", "/v3/templates", body); r.status != http.StatusBadRequest || r.errCode(t) != 400 || !strings.Contains(string(r.body), has) {

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,15 +31,30 @@ type Config struct {
 	MemorySandboxes          int
 	DensityCap               int
 	DensityConcurrency       int
-	RestartSandboxes         int
-	RestartLog               string
-	FloorBin                 string
-	FloorN                   int
-	SDKDir                   string
-	Node                     Node
+	// DensityProbeN serial creates are timed at 0 and at DensityCap resident.
+	DensityProbeN int
+	// DensityRestart restarts cube up (with RestartSignal) while the
+	// density run's sandboxes are all resident.
+	DensityRestart   bool
+	RestartSandboxes int
+	RestartLog       string
+	// RestartSignal stops cube up in the restart phases: SIGTERM (default)
+	// or SIGKILL (a crash).
+	RestartSignal syscall.Signal
+	FloorBin      string
+	FloorN        int
+	SDKDir        string
+	Node          Node
 	// Only limits the phases run (nil: all).
 	Only   []string
 	Logger *slog.Logger
+}
+
+func (c Config) restartSignal() syscall.Signal {
+	if c.RestartSignal == 0 {
+		return syscall.SIGTERM
+	}
+	return c.RestartSignal
 }
 
 func (c Config) enabled(phase string) bool { return len(c.Only) == 0 || slices.Contains(c.Only, phase) }
@@ -115,12 +131,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if cfg.enabled("density") && cfg.DensityCap > 0 {
 		log.Info("phase density", "cap", cfg.DensityCap)
-		r := RunDensity(ctx, c, cfg.Node, cfg.DensityCap, cfg.DensityConcurrency)
+		dc := DensityConfig{Cap: cfg.DensityCap, Concurrency: cfg.DensityConcurrency, ProbeN: cfg.DensityProbeN}
+		if cfg.DensityRestart {
+			dc.RestartSignal, dc.RestartLog = cfg.restartSignal(), cfg.RestartLog
+		}
+		r := RunDensity(ctx, c, cfg.Node, dc)
 		res.Density = &r
 	}
 	if cfg.enabled("restart") && cfg.RestartSandboxes > 0 {
 		log.Info("phase restart", "sandboxes", cfg.RestartSandboxes)
-		r := RunRestart(ctx, c, cfg.Node, cfg.RestartSandboxes, cfg.RestartLog)
+		r := RunRestart(ctx, c, cfg.Node, cfg.RestartSandboxes, cfg.RestartLog, cfg.restartSignal())
 		res.Restart = &r
 	}
 	res.Ratios = ratios(res)

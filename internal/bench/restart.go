@@ -18,7 +18,10 @@ import (
 // RestartResult is the time a restarted `cube up` needs to serve again.
 type RestartResult struct {
 	Sandboxes int `json:"sandboxes"`
-	// StopSec is SIGTERM until the old process exited.
+	// Signal stopped the old process: SIGTERM (a clean stop with
+	// --keep-sandboxes) or SIGKILL (a crash).
+	Signal string `json:"signal"`
+	// StopSec is the signal until the old process exited.
 	StopSec float64 `json:"stopSec"`
 	// HealthMs is exec of the new process until GET /health answered.
 	HealthMs float64 `json:"healthMs"`
@@ -33,34 +36,57 @@ type RestartResult struct {
 }
 
 // RunRestart creates n sandboxes, stops the `cube up` that owns node's data
-// dir with SIGTERM, starts it again with the same command line, environment
-// and working directory (detached, output appended to logPath), and times
-// until it serves /health and every sandbox's envd again. The old process
-// must have been started with --keep-sandboxes. The sandboxes are killed
-// afterwards; the new process is left running.
-func RunRestart(ctx context.Context, c *Client, node Node, n int, logPath string) RestartResult {
-	r := RestartResult{Log: logPath}
-	fail := func(err error) RestartResult { r.Error = err.Error(); return r }
+// dir with sig (SIGTERM, or SIGKILL for a crash), starts it again with the
+// same command line, environment and working directory (detached, output
+// appended to logPath), and times until it serves /health and every
+// sandbox's envd again. With SIGTERM the old process must have been started
+// with --keep-sandboxes. The sandboxes are killed afterwards; the new
+// process is left running.
+func RunRestart(ctx context.Context, c *Client, node Node, n int, logPath string, sig syscall.Signal) RestartResult {
+	if err := restartable(node, sig); err != nil {
+		return RestartResult{Log: logPath, Signal: sig.String(), Error: err.Error()}
+	}
+	ids, cerr := createIdle(ctx, c, n, 4)
+	defer killAll(context.WithoutCancel(ctx), c, ids, 8, nil)
+	if cerr != nil {
+		return RestartResult{Log: logPath, Signal: sig.String(), Sandboxes: len(ids),
+			Error: fmt.Sprintf("create sandboxes before restart: %v", cerr)}
+	}
+	return restartOver(ctx, c, node, ids, logPath, sig)
+}
+
+// restartable checks that the cube up of node can be restarted with sig
+// without losing its sandboxes (a SIGKILL never lets it clean up).
+func restartable(node Node, sig syscall.Signal) error {
 	if node.DataDir == "" {
-		return fail(fmt.Errorf("restart needs --data-dir (the node-local data dir of the running cube up)"))
+		return fmt.Errorf("restart needs --data-dir (the node-local data dir of the running cube up)")
+	}
+	pid, argv, _, _, err := readUpProcess(node.DataDir)
+	if err != nil {
+		return err
+	}
+	if sig != syscall.SIGKILL && !slices.ContainsFunc(argv, isKeepSandboxes) {
+		return fmt.Errorf("cube up (pid %d) was not started with --keep-sandboxes: restarting it with %s would kill the sandboxes", pid, sig)
+	}
+	return nil
+}
+
+// restartOver restarts the cube up of node while ids run and times it (see
+// RunRestart); it kills none of them.
+func restartOver(ctx context.Context, c *Client, node Node, ids []string, logPath string, sig syscall.Signal) RestartResult {
+	r := RestartResult{Log: logPath, Signal: sig.String(), Sandboxes: len(ids)}
+	fail := func(err error) RestartResult { r.Error = err.Error(); return r }
+	if err := restartable(node, sig); err != nil {
+		return fail(err)
 	}
 	pid, argv, env, cwd, err := readUpProcess(node.DataDir)
 	if err != nil {
 		return fail(err)
 	}
-	if !slices.ContainsFunc(argv, isKeepSandboxes) {
-		return fail(fmt.Errorf("cube up (pid %d) was not started with --keep-sandboxes: restarting it would kill the sandboxes", pid))
-	}
-	ids, cerr := createIdle(ctx, c, n, 4)
-	defer killAll(context.WithoutCancel(ctx), c, ids, 8, nil)
-	r.Sandboxes = len(ids)
-	if cerr != nil {
-		return fail(fmt.Errorf("create sandboxes before restart: %w", cerr))
-	}
 
 	t0 := time.Now()
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		return fail(fmt.Errorf("SIGTERM cube up %d: %w", pid, err))
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fail(fmt.Errorf("%s cube up %d: %w", sig, pid, err))
 	}
 	if err := waitGone(ctx, pid, 2*time.Minute); err != nil {
 		return fail(err)
@@ -186,7 +212,7 @@ func waitGone(ctx context.Context, pid int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for syscall.Kill(pid, 0) == nil && !zombie(pid) {
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("cube up %d still running %s after SIGTERM", pid, timeout)
+			return fmt.Errorf("cube up %d still running %s after the signal", pid, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -41,8 +41,16 @@ func WriteTable(w io.Writer, r Result) error {
 		row(fmt.Sprintf("SDK create->first run('true'), %d concurrent", s.Concurrent.Concurrency), s.Concurrent.Total, fc)
 		row(fmt.Sprintf("SDK kill, %d concurrent", s.Concurrent.Concurrency), s.Concurrent.Kill, nil)
 	}
-	if d := r.Density; d != nil && d.Kill.N > 0 {
-		row(fmt.Sprintf("kill with %d sandboxes up", d.Created), d.Kill, nil)
+	if d := r.Density; d != nil {
+		if d.AtZero != nil {
+			row("REST create->ready, serial, 0 resident", d.AtZero.Create, fs)
+		}
+		if d.AtFull != nil {
+			row(fmt.Sprintf("REST create->ready, serial, %d resident", d.Created), d.AtFull.Create, fs)
+		}
+		if d.Kill.N > 0 {
+			row(fmt.Sprintf("kill with %d sandboxes up", d.Created), d.Kill, nil)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -63,15 +71,26 @@ func WriteTable(w io.Writer, r Result) error {
 		fmt.Fprintf(w, "  memory used by them: %.1f MiB (shim+envd pss+kernel), host-wide delta %.1f MiB\n",
 			float64((d.Memory.OverheadKiB+d.Memory.Envd.PSS)*int64(d.Created))/1024, float64(d.Memory.HostUsedKiB*int64(d.Created))/1024)
 		writeMemory(w, d.Memory)
-	}
-	if s := r.Restart; s != nil {
-		fmt.Fprintf(w, "\nrestart with %d sandboxes: stop %.2f s; exec -> /health %.1f ms; exec -> every envd answers via proxy %.1f ms (%d/%d reachable)\n",
-			s.Sandboxes, s.StopSec, s.HealthMs, s.ServingMs, s.Reachable, s.Sandboxes)
-		if s.Error != "" {
-			fmt.Fprintf(w, "  error: %s\n", s.Error)
+		if d.AtZero != nil && d.AtFull != nil && d.AtZero.Create.N > 0 && d.AtFull.Create.N > 0 {
+			fmt.Fprintf(w, "  create at %d resident / at 0: p50 x%.2f, p99 x%.2f\n", d.Created,
+				Ratio(d.AtFull.Create.P50Ms, d.AtZero.Create.P50Ms), Ratio(d.AtFull.Create.P99Ms, d.AtZero.Create.P99Ms))
+		}
+		if d.Restart != nil {
+			writeRestart(w, *d.Restart)
 		}
 	}
+	if s := r.Restart; s != nil {
+		writeRestart(w, *s)
+	}
 	return nil
+}
+
+func writeRestart(w io.Writer, s RestartResult) {
+	fmt.Fprintf(w, "\nrestart with %d sandboxes (%s): stop %.2f s; exec -> /health %.1f ms; exec -> every envd answers via proxy %.1f ms (%d/%d reachable)\n",
+		s.Sandboxes, s.Signal, s.StopSec, s.HealthMs, s.ServingMs, s.Reachable, s.Sandboxes)
+	if s.Error != "" {
+		fmt.Fprintf(w, "  error: %s\n", s.Error)
+	}
 }
 
 func writeMemory(w io.Writer, m MemoryResult) {

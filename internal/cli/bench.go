@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -19,7 +20,7 @@ func newBenchCmd() *cobra.Command {
 		exeDir = filepath.Dir(exe)
 	}
 	var cfg bench.Config
-	var jsonPath, only string
+	var jsonPath, only, restartSignal string
 	var logLevel slog.Level
 	c := &cobra.Command{
 		Use:   "bench",
@@ -35,6 +36,14 @@ floor of a static responder. docs/benchmarks.md says how each is read.`,
 			}
 			if cfg.Concurrency < 1 || cfg.DensityConcurrency < 1 {
 				return usageError{"--concurrency and --density-concurrency must be at least 1"}
+			}
+			switch restartSignal {
+			case "term", "TERM", "SIGTERM":
+				cfg.RestartSignal = syscall.SIGTERM
+			case "kill", "KILL", "SIGKILL":
+				cfg.RestartSignal = syscall.SIGKILL
+			default:
+				return usageError{"--restart-signal must be term or kill"}
 			}
 			if only != "" {
 				cfg.Only = strings.Split(only, ",")
@@ -75,7 +84,10 @@ floor of a static responder. docs/benchmarks.md says how each is read.`,
 	fs.IntVar(&cfg.MemorySandboxes, "memory-n", 20, "idle sandboxes measured for memory overhead")
 	fs.IntVar(&cfg.DensityCap, "density-cap", 500, "density: create idle sandboxes until the first failure or this many")
 	fs.IntVar(&cfg.DensityConcurrency, "density-concurrency", 4, "creates in flight during the density run")
+	fs.IntVar(&cfg.DensityProbeN, "density-probe-n", 20, "density: serial creates timed before the fill (0 resident) and with the node full")
+	fs.BoolVar(&cfg.DensityRestart, "density-restart", false, "density: restart cube up (--restart-signal) with every density sandbox resident, time it (needs --data-dir)")
 	fs.IntVar(&cfg.RestartSandboxes, "restart-n", 500, "sandboxes alive across the restart of cube up (needs --data-dir and cube up --keep-sandboxes)")
+	fs.StringVar(&restartSignal, "restart-signal", "term", "how restarts stop cube up: term (clean stop, needs cube up --keep-sandboxes) or kill (SIGKILL, a crash)")
 	fs.StringVar(&cfg.RestartLog, "restart-log", "", "output of the restarted cube up (default <data-dir>/../cube-restarted.log)")
 	fs.StringVar(&cfg.Node.DataDir, "data-dir", "", "data dir of the cube up being measured (node-local: memory accounting, restart)")
 	fs.StringVar(&cfg.Node.CgroupParent, "cgroup-parent", "cube", "cgroup parent of the sandboxes")

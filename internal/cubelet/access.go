@@ -51,17 +51,12 @@ func (c *Cubelet) HostPort(ctx context.Context, id string, port uint16) (uint16,
 	if hp, ok := rec.Ports[port]; ok {
 		return hp, nil
 	}
-	c.mu.Lock()
-	_, takenPorts, err := c.taken(ctx)
-	var hp uint16
-	if err == nil {
-		hp, err = cubevs.NextFreePort(c.cfg.Network.PortMin, c.cfg.Network.PortMax, takenPorts, 0)
-	}
+	hp, err := c.takePort(ctx)
 	if err == nil {
 		rec.Ports[port] = hp
 		err = c.putRecord(rec)
+		c.addrs.ReleasePort(hp) // the record holds it now (or failed)
 	}
-	c.mu.Unlock()
 	if err != nil {
 		return 0, fmt.Errorf("map port %d: %w", port, err)
 	}

@@ -59,7 +59,7 @@ func crashCreateMain([]string) int {
 		return 3
 	}
 	if spec.Fail && spec.ID == "" {
-		return failMain(c, func(ctx context.Context) error { _, err := c.makeSlot(ctx, mainTarget); return err })
+		return failMain(c, func(ctx context.Context) error { _, err := c.makeSlot(ctx, mainTarget, nil); return err })
 	}
 	// With a warm pool, crash on the pool path: wait for a ready slot.
 	for deadline := time.Now().Add(20 * time.Second); c.cfg.PoolSize > 0 && c.PoolSize() == 0; {

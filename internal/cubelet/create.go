@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
-	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
@@ -67,7 +66,7 @@ func (c *Cubelet) CreateSandbox(ctx context.Context, req CreateRequest) (_ Sandb
 		return Sandbox{}, err
 	}
 	if !req.WritableOnHost {
-		if s, ok := c.takeUsableSlot(tmpl, start); ok {
+		if s, ok := c.takeUsableSlot(ctx, tmpl, start); ok {
 			b.from, b.reached = &s, s.stage
 		}
 		c.metrics.poolTake(tmpl.Name, b.from != nil)
@@ -182,85 +181,6 @@ func hostsFile(rec nodestore.Sandbox) []byte {
 }
 
 func hostnameFile(rec nodestore.Sandbox) []byte { return []byte(rec.ID + "\n") }
-
-// allocate reserves a sandbox IP (a pool slot's, when given) and a host
-// port for envd. The reservation is dropped by release once the owner
-// record holds them (or create failed).
-func (c *Cubelet) allocate(ctx context.Context, slot nodestore.Sandbox) (netip.Addr, uint16, func(), error) {
-	// After a Reconcile every kernel mapping's port is held by a record or
-	// a reservation (the cubelet records a port before mapping it and
-	// forgets it only after unmapping it), or is a stray port it noted, so
-	// the kernel's mappings need not be read: reading them waits for the
-	// dataplane, which concurrent creates hold. Before a Reconcile they
-	// are read first, outside c.mu: a mapping made after the read has its
-	// port in a record or a reservation, both read under c.mu.
-	var maps []cubevs.Mapping
-	c.mu.Lock()
-	reconciled := c.reconciled
-	c.mu.Unlock()
-	if !reconciled {
-		var err error
-		if maps, err = c.dp.Mappings(ctx); err != nil {
-			return netip.Addr{}, 0, nil, fmt.Errorf("read mappings: %w", err)
-		}
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	takenIPs, takenPorts := c.takenWith(maps)
-	ip := slot.IP
-	if slot.ID == "" {
-		var err error
-		if ip, err = cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, takenIPs); err != nil {
-			return netip.Addr{}, 0, nil, fmt.Errorf("allocate sandbox IP: %w", err)
-		}
-	}
-	port, err := cubevs.NextFreePort(c.cfg.Network.PortMin, c.cfg.Network.PortMax, takenPorts, 0)
-	if err != nil {
-		return netip.Addr{}, 0, nil, fmt.Errorf("allocate host port: %w", err)
-	}
-	c.reservedIPs[ip] = true
-	c.reservedPorts[port] = true
-	return ip, port, func() {
-		c.mu.Lock()
-		delete(c.reservedIPs, ip)
-		delete(c.reservedPorts, port)
-		c.mu.Unlock()
-	}, nil
-}
-
-// taken lists IPs and host ports that must not be handed out: held by a
-// record, reserved by an in-flight create, or present in the kernel (a
-// mapping whose owner is gone is swept by Reconcile, never reused blindly).
-// Callers hold c.mu.
-func (c *Cubelet) taken(ctx context.Context) (map[netip.Addr]bool, map[uint16]bool, error) {
-	maps, err := c.dp.Mappings(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read mappings: %w", err)
-	}
-	ips, ports := c.takenWith(maps)
-	return ips, ports, nil
-}
-
-// takenWith is taken with the kernel's mappings read by the caller, before
-// it took c.mu. Callers hold c.mu.
-func (c *Cubelet) takenWith(maps []cubevs.Mapping) (map[netip.Addr]bool, map[uint16]bool) {
-	ips := map[netip.Addr]bool{}
-	ports := map[uint16]bool{}
-	for ip := range c.reservedIPs {
-		ips[ip] = true
-	}
-	for p := range c.reservedPorts {
-		ports[p] = true
-	}
-	c.store.AddAddresses(ips, ports)
-	for _, m := range maps {
-		ports[m.HostPort] = true
-	}
-	for p := range c.strayPorts {
-		ports[p] = true
-	}
-	return ips, ports
-}
 
 func toSandbox(r nodestore.Sandbox) Sandbox {
 	return Sandbox{

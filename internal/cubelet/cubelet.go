@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/exepath"
+	"github.com/cube-dev/cube/internal/ipam"
 	"github.com/cube-dev/cube/internal/mountns"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
@@ -130,13 +130,12 @@ type Cubelet struct {
 	// locksMu guards locks, the per-sandbox locks held or waited for.
 	locksMu sync.Mutex
 	locks   map[string]*idLock
-	// reserved holds IPs and ports handed out but not yet in a record.
-	reservedIPs   map[netip.Addr]bool
-	reservedPorts map[uint16]bool
+	// addrs are the free sets of sandbox IPs and host ports (addrs.go).
+	addrs *ipam.Allocator
 	// strayPorts are host ports mapped in the kernel without an owner
-	// record after the last Reconcile (a sweep that failed); reconciled
-	// says that one ran, so creates need not read the kernel's mappings
-	// (see allocate).
+	// record after the last Reconcile (a sweep that failed), held in addrs;
+	// reconciled says that one ran, so creates need not read the kernel's
+	// mappings (see allocate).
 	strayPorts map[uint16]bool
 	reconciled bool
 
@@ -218,7 +217,7 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 		c.Close()
 		return nil, fmt.Errorf("sandbox runtime: %w", err)
 	}
-	rep, err := c.Reconcile(ctx)
+	rep, err := c.reconcile(ctx, true) // supervisors are asked once serving: checkDeferred
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("reconcile node: %w", err)
@@ -229,7 +228,10 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	poolDone := make(chan struct{})
 	// Stopping waits for a slot being made, so a shutdown that removes the
 	// dataplane right after cannot race with it.
-	c.stopPool = func() { cancel(); <-poolDone }
+	checked := make(chan struct{})
+	check := c.checkDeferred(rep)
+	go func() { defer close(checked); check(bg) }()
+	c.stopPool = func() { cancel(); <-poolDone; <-checked }
 	if c.poolCapacity() > 0 {
 		go func() { defer close(poolDone); c.runPool(bg) }()
 	} else {

@@ -90,3 +90,36 @@ func (c *Cubelet) finishDeletes(ctx context.Context) {
 		unlock()
 	}
 }
+
+// checkDeferred asks the supervisor of every running sandbox, once, right
+// after New's reconcile adopted them without asking (reconcile with
+// deferProbes): a probe is a unix-socket round trip per sandbox, the part
+// of a restart that grew with their number, and nothing in serving needs
+// its answer first. A record holds its sandbox's IP and host ports whatever
+// the supervisor says (addrs.go), so no create can collide with a live
+// sandbox; a dead one is torn down and reported (OnDead) here, under its
+// own lock, as the periodic sweep does with sandboxes that die later.
+//
+// It returns at once when nothing was adopted unprobed; otherwise it runs
+// in the background (run) and is waited for by Close.
+func (c *Cubelet) checkDeferred(rep ReconcileReport) (run func(context.Context)) {
+	if rep.Unprobed == 0 {
+		return func(context.Context) {}
+	}
+	running := make(map[string]nodestore.Sandbox, len(rep.Adopted))
+	for _, id := range rep.Adopted {
+		if r, err := c.store.Get(id); err == nil && r.State == nodestore.StateRunning {
+			running[id] = r
+		}
+	}
+	return func(ctx context.Context) { c.checkAdopted(ctx, running) }
+}
+
+func (c *Cubelet) checkAdopted(ctx context.Context, running map[string]nodestore.Sandbox) {
+	start := time.Now()
+	// Probes 16 at a time and watches every supervisor that answers, so
+	// sweepDead passes those without a call and re-probes only the rest.
+	c.livenessOfRunning(ctx, running)
+	dead := c.sweepDead(ctx)
+	c.log.Info("sandboxes checked after start", "checked", len(running), "dead", len(dead), "duration", time.Since(start))
+}

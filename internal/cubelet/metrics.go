@@ -209,13 +209,11 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPoolReady, prometheus.GaugeValue, float64(ready[t]), t)
 	}
 
-	c.mu.Lock()
-	ips, ports := c.takenWith(nil)
-	c.mu.Unlock()
+	ips, ports := c.addrs.Used()
 	cfg := c.dp.Config()
-	ch <- prometheus.MustNewConstMetric(descIPsUsed, prometheus.GaugeValue, float64(len(ips)))
+	ch <- prometheus.MustNewConstMetric(descIPsUsed, prometheus.GaugeValue, float64(ips))
 	ch <- prometheus.MustNewConstMetric(descIPs, prometheus.GaugeValue, float64(uint64(1)<<(32-cfg.NodeCIDR.Bits())))
-	ch <- prometheus.MustNewConstMetric(descPortsUsed, prometheus.GaugeValue, float64(len(ports)))
+	ch <- prometheus.MustNewConstMetric(descPortsUsed, prometheus.GaugeValue, float64(ports))
 	ch <- prometheus.MustNewConstMetric(descPorts, prometheus.GaugeValue, float64(int(cfg.PortMax)-int(cfg.PortMin)+1))
 }
 

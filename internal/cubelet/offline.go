@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -157,10 +156,9 @@ func newCubelet(cfg Config, templates *template.Registry, dp *cubevs.Dataplane, 
 	}
 	return &Cubelet{
 		cfg: cfg, log: cfg.Logger, templates: templates, dp: dp, store: store, shimExe: cfg.Exe,
-		locks:         map[string]*idLock{},
-		reservedIPs:   map[netip.Addr]bool{},
-		reservedPorts: map[uint16]bool{},
-		metrics:       newMetrics(),
-		disks:         nsrt.NewDiskCache(filepath.Join(cfg.StateDir, "disks")),
+		locks:   map[string]*idLock{},
+		addrs:   newAddrs(cfg.Network, store),
+		metrics: newMetrics(),
+		disks:   nsrt.NewDiskCache(filepath.Join(cfg.StateDir, "disks")),
 	}
 }

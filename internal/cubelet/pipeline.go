@@ -80,13 +80,17 @@ var createSteps = [...]step{
 const (
 	stagePlain      = stepDisk   // IP, network, default egress, disk image
 	stagePrestarted = stepLaunch // ... and a running sandbox of the pool template
+	// stageStarted: ... whose template's start command runs and passed
+	// its ready command (poolstart.go). The slot skips personalise on the
+	// way: a create taking it still runs that step (launchedAhead).
+	stageStarted = stepStart
 )
 
 // slotStage reads a slot file's stage: the step called name, one a slot
 // can stop after (not one that needs a sandbox).
 func slotStage(name string) (int, bool) {
-	for i, s := range createSteps[:stepLaunch+1] {
-		if s.name == name {
+	for _, i := range []int{stepReserve, stepNetwork, stepEgress, stepDisk, stepLaunch, stepStart} {
+		if createSteps[i].name == name {
 			return i, true
 		}
 	}
@@ -121,6 +125,8 @@ type build struct {
 	initPID int
 	shim    procID
 	st      *stepTimer
+	// endTurn ends the create turn a slot is made in (nil: none to end).
+	endTurn func()
 }
 
 // plan lists the steps b runs, in order, up to and including last.

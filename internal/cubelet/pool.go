@@ -68,12 +68,15 @@ type poolSlot struct {
 	shim procID
 	// stamp is the runtime stamp the slot was made under (RuntimeInfo).
 	stamp string
+	// started identifies the start and ready commands a slot of stage
+	// stageStarted ran (startKey; empty for other slots).
+	started string
 }
 
 // discardSlot sets a slot that cannot be used aside for the refill loop
-// to drop.
-func (c *Cubelet) discardSlot(s poolSlot) {
-	c.log.Warn("warm pool: pre-started slot's sandbox is gone; dropping the slot", "slot", s.rec.ID)
+// to drop, logging why (msg, with attrs).
+func (c *Cubelet) discardSlot(s poolSlot, msg string, attrs ...any) {
+	c.log.Warn(msg, append([]any{"slot", s.rec.ID, "template", s.rec.Template}, attrs...)...)
 	c.pool.mu.Lock()
 	c.pool.stale = append(c.pool.stale, s)
 	c.pool.mu.Unlock()
@@ -97,6 +100,9 @@ type slotFile struct {
 	// Stamp is the runtime stamp the slot was made under; a cubelet of
 	// another runtime (version or binaries) drops the slot at start.
 	Stamp string `json:"stamp,omitempty"`
+	// StartCmd is poolSlot.started: the start command a slot of stage
+	// "start" runs.
+	StartCmd string `json:"startCmd,omitempty"`
 }
 
 type pool struct {
@@ -104,10 +110,14 @@ type pool struct {
 	ready    []poolSlot
 	stale    []poolSlot     // slots to drop: of a replaced template, or whose sandbox died
 	building map[string]int // slots being made, per target (pooltargets.go)
-	// missing holds targets whose template the node lacked, until when
-	// they are skipped.
+	// missing holds targets whose template the node lacked, or whose
+	// template's start command failed in a slot (poolstart.go), until
+	// when they are skipped.
 	missing map[string]time.Time
-	kick    chan struct{}
+	// startFails counts a target's slot start failures in a row (nil
+	// until the first).
+	startFails map[string]int
+	kick       chan struct{}
 	// creating counts creates in flight: a refill waits for a quiet
 	// moment (at most refillYield) so it does not take CPU from them.
 	creating inflight
@@ -161,7 +171,7 @@ func (c *Cubelet) takeSlot(tmpl template.Template) (poolSlot, bool) {
 	pick := -1
 	for i := len(c.pool.ready) - 1; i >= 0; i-- {
 		s := c.pool.ready[i]
-		if s.prestarted() && s.rec.Template == tmpl.Name && s.digest != tmpl.Digest {
+		if s.prestarted() && s.rec.Template == tmpl.Name && (s.digest != tmpl.Digest || s.started != startKey(tmpl)) {
 			c.pool.stale = append(c.pool.stale, s)
 			c.pool.ready = append(c.pool.ready[:i], c.pool.ready[i+1:]...)
 			if pick > i {
@@ -186,9 +196,11 @@ func (c *Cubelet) takeSlot(tmpl template.Template) (poolSlot, bool) {
 }
 
 // slotFits reports whether a pre-started slot can become a sandbox of tmpl:
-// same template content and disk size (CPU and memory are set at take).
+// same template content, start command and disk size (CPU and memory are
+// set at take).
 func (c *Cubelet) slotFits(s poolSlot, tmpl template.Template) bool {
-	return s.rec.Template == tmpl.Name && s.digest == tmpl.Digest && s.rec.DiskSizeMB == tmpl.DiskSizeMB
+	return s.rec.Template == tmpl.Name && s.digest == tmpl.Digest && s.started == startKey(tmpl) &&
+		s.rec.DiskSizeMB == tmpl.DiskSizeMB
 }
 
 // PoolSize reports ready slots.
@@ -258,7 +270,8 @@ func (c *Cubelet) refill(ctx context.Context) {
 		var slot poolSlot
 		endTurn, err := c.takeTurn(ctx)
 		if err == nil {
-			slot, err = c.makeSlot(ctx, target)
+			endTurn = sync.OnceFunc(endTurn) // a slot's start step ends it early
+			slot, err = c.makeSlot(ctx, target, endTurn)
 			endTurn()
 		}
 		c.pool.mu.Lock()
@@ -267,6 +280,10 @@ func (c *Cubelet) refill(ctx context.Context) {
 			c.pool.missing[target] = time.Now().Add(poolTemplateRetry)
 			c.pool.mu.Unlock()
 			c.log.Debug("warm pool: template not on this node yet", "template", target)
+			continue
+		}
+		if c.slotStartFailedLocked(target, err) {
+			c.pool.mu.Unlock()
 			continue
 		}
 		delete(c.pool.missing, target)
@@ -314,8 +331,9 @@ func (c *Cubelet) waitForPoolWork(ctx context.Context, wake time.Time) bool {
 // stagePrestarted when configured and the template is available, else (the
 // main target only) up to stagePlain, then the slot file that marks it
 // complete. A failure undoes it all. A PoolTemplates target whose template
-// is not on the node fails with errTemplateNotHere.
-func (c *Cubelet) makeSlot(ctx context.Context, target string) (poolSlot, error) {
+// is not on the node fails with errTemplateNotHere. endTurn, when not nil,
+// ends the caller's create turn once only waiting is left (poolstart.go).
+func (c *Cubelet) makeSlot(ctx context.Context, target string, endTurn func()) (poolSlot, error) {
 	var tmpl template.Template
 	if target != mainTarget {
 		var err error
@@ -335,11 +353,14 @@ func (c *Cubelet) makeSlot(ctx context.Context, target string) (poolSlot, error)
 		}
 	}
 	stamp := c.stamp() // before: binaries replaced meanwhile make the slot stale
-	b := &build{c: c, kind: "slot", ahead: true, tmpl: tmpl,
+	b := &build{c: c, kind: "slot", ahead: true, tmpl: tmpl, endTurn: endTurn,
 		rec: nodestore.Sandbox{ID: poolPrefix + randomHex(6), State: nodestore.StatePooled, CreatedAt: time.Now().UTC()}}
 	stage := stagePlain
 	if tmpl.Name != "" {
 		stage = stagePrestarted
+		if hasStartCmd(tmpl) {
+			stage = stageStarted
+		}
 		b.rec.Template = tmpl.Name
 		b.rec.CPUCount, b.rec.MemoryMB, b.rec.DiskSizeMB = tmpl.CPUCount, tmpl.MemoryMB, tmpl.DiskSizeMB
 		b.rec.EnvdVersion = c.cfg.EnvdVersion
@@ -348,10 +369,13 @@ func (c *Cubelet) makeSlot(ctx context.Context, target string) (poolSlot, error)
 		b.rec.DiskSizeMB = poolDiskSizeMB
 	}
 	if err := b.run(ctx, stage); err != nil {
+		if b.reached == stepStart && ctx.Err() == nil {
+			err = fmt.Errorf("%w: %w", errSlotStart, err)
+		}
 		return poolSlot{}, err
 	}
 	s := poolSlot{rec: b.rec, stage: stage, digest: tmpl.Digest, token: b.token,
-		initPID: b.initPID, initNS: netnsOf(b.initPID), shim: b.shim, stamp: stamp}
+		initPID: b.initPID, initNS: netnsOf(b.initPID), shim: b.shim, stamp: stamp, started: startKey(tmpl)}
 	if err := c.writeSlotFile(s); err != nil {
 		b.undo(ctx)
 		return poolSlot{}, err
@@ -384,7 +408,7 @@ func (c *Cubelet) writeSlotFile(s poolSlot) error {
 		return err
 	}
 	data, err := json.Marshal(slotFile{Sandbox: s.rec, Stage: createSteps[s.stage].name,
-		TemplateDigest: s.digest, EnvdToken: s.token, Stamp: s.stamp})
+		TemplateDigest: s.digest, EnvdToken: s.token, Stamp: s.stamp, StartCmd: s.started})
 	if err != nil {
 		return err
 	}
@@ -445,7 +469,7 @@ func (c *Cubelet) reconcilePool(ctx context.Context, slots []nodestore.Sandbox, 
 			ok = f.EnvdToken != "" && pid > 0
 		}
 		s := poolSlot{rec: rec, stage: stage, digest: f.TemplateDigest, token: f.EnvdToken,
-			initPID: pid, initNS: netnsOf(pid), shim: shim, stamp: f.Stamp}
+			initPID: pid, initNS: netnsOf(pid), shim: shim, stamp: f.Stamp, started: f.StartCmd}
 		if ok && !c.wantedSlot(s, plainWanted) {
 			c.log.Info("warm pool: a kind of slot the pool no longer makes; dropping it", "slot", rec.ID, "template", rec.Template,
 				"stage", f.Stage)

@@ -17,15 +17,19 @@ import (
 
 // ReconcileReport says what one reconcile pass did.
 type ReconcileReport struct {
-	Adopted   []string      // live sandboxes kept
-	Rebuilt   []string      // live sandboxes whose lost record was rebuilt from the state dir
-	Dead      []string      // recorded sandboxes that were dead or half-made, removed
-	Repaired  int           // missing mappings re-added for live sandboxes
-	Orphans   []string      // kernel objects or state nobody owned, removed
-	Bad       []string      // unreadable records, left for an operator
-	PoolSlots int           // warm-pool slots kept
-	Recycled  []string      // warm-pool slots of another runtime (version or binaries), dropped to be made anew
-	Duration  time.Duration // wall time of the pass
+	Adopted   []string // live sandboxes kept
+	Rebuilt   []string // live sandboxes whose lost record was rebuilt from the state dir
+	Dead      []string // recorded sandboxes that were dead or half-made, removed
+	Repaired  int      // missing mappings re-added for live sandboxes
+	Orphans   []string // kernel objects or state nobody owned, removed
+	Bad       []string // unreadable records, left for an operator
+	PoolSlots int      // warm-pool slots kept
+	Recycled  []string // warm-pool slots of another runtime (version or binaries), dropped to be made anew
+	// Unprobed counts running sandboxes adopted without asking their
+	// supervisor (the start-up pass of New: checkDeferred asks once the
+	// cubelet serves). Included in Adopted.
+	Unprobed int
+	Duration time.Duration // wall time of the pass
 }
 
 // recordFile is the copy of a running sandbox's owner record kept in its
@@ -40,6 +44,13 @@ const recordFile = "record.json"
 // cubelet serves, maintain does the part that can change (dead sandboxes,
 // unfinished deletes). It is idempotent.
 func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	return c.reconcile(ctx, false)
+}
+
+// reconcile is Reconcile; with deferProbes, running sandboxes are adopted
+// without probing their supervisors (one round trip each, the part of a
+// restart that grew with the sandboxes: see checkDeferred).
+func (c *Cubelet) reconcile(ctx context.Context, deferProbes bool) (ReconcileReport, error) {
 	start := time.Now()
 	st := newStepTimer()
 	var rep ReconcileReport
@@ -91,13 +102,22 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			delete(owners, s.ID)
 		}
 	}
-	live := c.livenessOfRunning(ctx, owners)
+	byPort := make(map[uint16]cubevs.Mapping, len(mappings)) // once, not per sandbox
+	for _, m := range mappings {
+		byPort[m.HostPort] = m
+	}
+	live := map[string]liveness{}
+	if !deferProbes {
+		live = c.livenessOfRunning(ctx, owners)
+	}
 	st.mark("probe")
 	for id, r := range owners {
 		if r.State == nodestore.StatePooled {
 			continue
 		}
-		if r.State == nodestore.StateRunning && live[id] == livenessUnknown {
+		if r.State == nodestore.StateRunning && deferProbes {
+			rep.Unprobed++
+		} else if r.State == nodestore.StateRunning && live[id] == livenessUnknown {
 			// A shim that does not answer (overloaded, stopped) still holds
 			// a sandbox: keep it; the sweep of the running cubelet
 			// (maintain) tries again.
@@ -120,7 +140,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 				c.log.Warn("re-apply egress policy", "sandbox", id, "err", err)
 			}
 		}
-		rep.Repaired += c.repairMappings(ctx, r, mappings)
+		rep.Repaired += c.repairMappings(ctx, r, byPort)
 	}
 	st.mark("adopt")
 	rep.Orphans = c.sweepOrphans(ctx, owners, mappings)
@@ -128,7 +148,7 @@ func (c *Cubelet) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	c.noteStrayPorts(ctx)
 	st.mark("ports")
 	rep.Duration = time.Since(start)
-	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "rebuilt", len(rep.Rebuilt), "dead", len(rep.Dead),
+	c.log.Info("node reconciled", append([]any{"adopted", len(rep.Adopted), "unprobed", rep.Unprobed, "rebuilt", len(rep.Rebuilt), "dead", len(rep.Dead),
 		"repaired", rep.Repaired, "recycled", len(rep.Recycled), "orphans", len(rep.Orphans), "bad", len(rep.Bad), "duration", rep.Duration}, st.attrs()...)...)
 	return rep, nil
 }
@@ -152,12 +172,13 @@ func (c *Cubelet) noteStrayPorts(ctx context.Context) {
 			owned[hp] = true
 		}
 	}
-	c.strayPorts = map[uint16]bool{}
+	stray := map[uint16]bool{}
 	for _, m := range maps {
 		if !owned[m.HostPort] {
-			c.strayPorts[m.HostPort] = true
+			stray[m.HostPort] = true
 		}
 	}
+	c.holdStrayPorts(stray)
 	c.reconciled = true
 }
 
@@ -173,13 +194,9 @@ func runtimeNames(owners map[string]nodestore.Sandbox) map[string]bool {
 	return names
 }
 
-// repairMappings re-adds any of r's mappings missing from the kernel and
-// returns how many it repaired.
-func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, current []cubevs.Mapping) int {
-	have := map[uint16]cubevs.Mapping{}
-	for _, m := range current {
-		have[m.HostPort] = m
-	}
+// repairMappings re-adds any of r's mappings missing from the kernel
+// (have: the kernel's, by host port) and returns how many it repaired.
+func (c *Cubelet) repairMappings(ctx context.Context, r nodestore.Sandbox, have map[uint16]cubevs.Mapping) int {
 	n := 0
 	for guest, hp := range r.Ports {
 		if m, ok := have[hp]; ok && m.Owner == r.Runtime() && m.GuestPort == guest && m.SandboxIP == r.IP {

@@ -15,6 +15,7 @@ import (
 	pb "github.com/cube-dev/cube/api/gen/envd/process"
 	"github.com/cube-dev/cube/api/gen/envd/process/processconnect"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/template"
 )
 
 // The start step: a template built with a start command (the E2B
@@ -22,9 +23,15 @@ import (
 // `e2b template create`) has it started in every sandbox made from it, and
 // the create returns only once its ready command exits 0. Both run through
 // envd like any process of the sandbox: as the template's default user,
-// in its default workdir, with the sandbox's env vars. The start command
-// is detached from the cubelet (envd keeps it after the stream ends) and
-// lives as long as the sandbox.
+// in its default workdir. The start command is detached from the cubelet
+// (envd keeps it after the stream ends) and lives as long as the sandbox.
+//
+// The start command sees the template's env only, never a create's
+// envVars: a warm-pool slot of the template runs it before any create
+// arrives (poolstart.go), and a cold create starts envd without the
+// create's env vars and hands them over once the ready command passed, so
+// both paths behave alike. That is E2B's behaviour too, where the start
+// command runs at build time and sandboxes resume from a snapshot of it.
 
 // DefaultStartTimeout bounds the wait for a template's ready command.
 const DefaultStartTimeout = 60 * time.Second
@@ -35,14 +42,43 @@ const readyPollInterval = 200 * time.Millisecond
 // startOutputTail is how much of the start command's output an error quotes.
 const startOutputTail = 2048
 
-// startNeeded: the template has a start command.
+// hasStartCmd: the template has a start command.
+func hasStartCmd(t template.Template) bool { return t.Defaults != nil && t.Defaults.StartCmd != "" }
+
+// startNeeded: the template has a start command, and the slot b resumes
+// (if any) did not run it already. A slot made ahead of time runs it when
+// its stage is stageStarted.
 func (b *build) startNeeded() bool {
-	return b.forSandbox() && b.tmpl.Defaults != nil && b.tmpl.Defaults.StartCmd != ""
+	return hasStartCmd(b.tmpl) && !b.doneAhead(stepStart)
+}
+
+// launchEnvVars are the env vars envd starts with: none of the create's
+// when this run starts the template's start command (they are handed over
+// after it, see startTemplateCommand).
+func (b *build) launchEnvVars() map[string]string {
+	if b.startNeeded() {
+		return nil
+	}
+	return b.envVars
 }
 
 // startTemplateCommand starts the start command and waits for the ready
-// command (none: the start command having started is enough).
+// command (none: the start command having started is enough), then gives
+// envd the create's env vars.
 func (b *build) startTemplateCommand(ctx context.Context) error {
+	if err := b.startAndWaitReady(ctx); err != nil {
+		return err
+	}
+	if b.ahead || len(b.envVars) == 0 {
+		return nil
+	}
+	if err := initEnvd(ctx, b.netnsPath(), b.token, envdInit{EnvVars: b.envVars}); err != nil {
+		return fmt.Errorf("env vars after the start command: %w", err)
+	}
+	return nil
+}
+
+func (b *build) startAndWaitReady(ctx context.Context) error {
 	d := b.tmpl.Defaults
 	timeout := b.c.cfg.StartTimeout
 	if timeout <= 0 {
@@ -57,6 +93,11 @@ func (b *build) startTemplateCommand(ctx context.Context) error {
 	}
 	if d.ReadyCmd == "" {
 		return nil
+	}
+	if b.ahead && b.endTurn != nil {
+		// A slot waits for its ready command without a create turn:
+		// a slow start command must not hold creates back.
+		b.endTurn()
 	}
 	for {
 		code, out, err := envd.run(ctx, d.ReadyCmd)
@@ -94,15 +135,20 @@ type sandboxEnvd struct {
 // before its port is mapped), with the sandbox's token, as the template's
 // user.
 func (b *build) envdProcessClient() sandboxEnvd {
-	netnsPath := b.netnsPath()
+	return newSandboxEnvd(b.netnsPath(), b.token, b.tmpl)
+}
+
+// newSandboxEnvd reaches envd in the network namespace pinned at
+// netnsPath with token, as tmpl's default user.
+func newSandboxEnvd(netnsPath, token string, tmpl template.Template) sandboxEnvd {
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) { return dialEnvdInNetns(ctx, netnsPath) }
 	hc := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 	url := "http://" + envdLoopback
 	user := ""
-	if b.tmpl.Defaults != nil {
-		user = b.tmpl.Defaults.User
+	if tmpl.Defaults != nil {
+		user = tmpl.Defaults.User
 	}
-	return sandboxEnvd{client: processconnect.NewProcessClient(hc, url), token: b.token, user: user}
+	return sandboxEnvd{client: processconnect.NewProcessClient(hc, url), token: token, user: user}
 }
 
 func (e sandboxEnvd) request(cmd string) *connect.Request[pb.StartRequest] {

@@ -19,7 +19,13 @@ import (
 // a template build records them in template.json).
 func withStartCmd(t *testing.T, n *node, name, start, ready string) {
 	t.Helper()
-	path := filepath.Join(n.templates.Dir, name, "template.json")
+	setStartCmd(t, n.templates, name, start, ready)
+}
+
+// setStartCmd gives template name of reg the start and ready commands.
+func setStartCmd(t testing.TB, reg *template.Registry, name, start, ready string) {
+	t.Helper()
+	path := filepath.Join(reg.Dir, name, "template.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -25,14 +25,12 @@ import (
 func (b *build) reserve(ctx context.Context) error {
 	c := b.c
 	if b.ahead {
-		c.mu.Lock()
-		ips, _ := c.takenWith(nil) // IPs only
-		ip, err := cubevs.NextFreeIP(c.cfg.Network.NodeCIDR, ips)
+		ip, err := c.addrs.TakeIP()
 		if err == nil {
 			b.rec.IP, b.rec.RuntimeID = ip, b.rec.ID
 			err = c.store.Put(b.rec)
+			c.addrs.ReleaseIP(ip) // the record holds it now (or failed)
 		}
-		c.mu.Unlock()
 		if err != nil {
 			return fmt.Errorf("reserve pool slot: %w", err)
 		}
@@ -144,7 +142,7 @@ func (b *build) removeDisk(context.Context) error {
 // returns once envd listens.
 func (b *build) launch(ctx context.Context) error {
 	c := b.c
-	spec, err := c.runtimeSpec(b.rec, b.token, b.envVars, b.tmpl.Defaults, b.tmpl.RootfsPath, b.netnsPath())
+	spec, err := c.runtimeSpec(b.rec, b.token, b.launchEnvVars(), b.tmpl.Defaults, b.tmpl.RootfsPath, b.netnsPath())
 	if err != nil {
 		return err
 	}

@@ -16,17 +16,31 @@ import (
 // makes the running sandbox the requested one.
 
 // takeUsableSlot takes a ready slot for a sandbox of tmpl, if any, setting
-// aside pre-started slots whose sandbox died while they waited. arrived is
-// when the create arrived: the adaptive pool counts a burst by arrivals,
-// not by when the create-parallelism gate let each one through.
-func (c *Cubelet) takeUsableSlot(tmpl template.Template, arrived time.Time) (poolSlot, bool) {
+// aside pre-started slots whose sandbox died while they waited, and
+// started slots whose ready command no longer passes (poolstart.go).
+// arrived is when the create arrived: the adaptive pool counts a burst by
+// arrivals, not by when the create-parallelism gate let each one through.
+func (c *Cubelet) takeUsableSlot(ctx context.Context, tmpl template.Template, arrived time.Time) (poolSlot, bool) {
 	c.pool.demand.record(tmpl.Name, arrived)
-	s, ok := c.takeSlot(tmpl)
-	for ok && s.prestarted() && !s.alive() {
-		c.discardSlot(s)
-		s, ok = c.takeSlot(tmpl)
+	for {
+		s, ok := c.takeSlot(tmpl)
+		if !ok || !s.prestarted() {
+			return s, ok
+		}
+		if !s.alive() {
+			c.discardSlot(s, "warm pool: pre-started slot's sandbox is gone; dropping the slot")
+			continue
+		}
+		if err := c.slotStillReady(ctx, s, tmpl); err != nil {
+			if ctx.Err() != nil { // the caller left: the slot is not to blame
+				c.returnSlot(s)
+				return poolSlot{}, false
+			}
+			c.discardSlot(s, "warm pool: started slot's ready command fails; dropping the slot", "err", err)
+			continue
+		}
+		return s, true
 	}
-	return s, ok
 }
 
 // personaliseParts are the parts of the personalise step, each a failpoint

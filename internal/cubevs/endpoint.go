@@ -90,7 +90,37 @@ func (d *Dataplane) Attach(ctx context.Context, owner string, ip netip.Addr) (_ 
 	if err := d.configureSandboxSide(sb, peer, ip); err != nil {
 		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
 	}
+	if err := d.pinNeighbours(sb, link, peer, ip); err != nil {
+		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
+	}
 	return Endpoint{Owner: owner, NetNSPath: pin, IP: ip, LinkName: name}, nil
+}
+
+// pinNeighbours writes both ends' ARP entries as permanent: the sandbox's
+// address on the dataplane end, the gateway in the sandbox. The kernel's
+// neighbour table is one for all network namespaces and refuses new
+// learned entries past net.ipv4.neigh.default.gc_thresh3 (1024 by
+// default): with ~2000 sandboxes answering at once (every envd checked
+// after a restart) ARP failed ("neighbor table overflow") and connections
+// hung. Permanent entries are not counted against it (Linux >= 5.0).
+func (d *Dataplane) pinNeighbours(sb *netlink.Handle, link, peer netlink.Link, ip netip.Addr) error {
+	dpEnd, err := d.dp.LinkByIndex(link.Attrs().Index)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", link.Attrs().Name, err)
+	}
+	sbEnd, err := sb.LinkByIndex(peer.Attrs().Index)
+	if err != nil {
+		return fmt.Errorf("read sandbox %s: %w", sandboxIfName, err)
+	}
+	if err := d.dp.NeighSet(&netlink.Neigh{LinkIndex: dpEnd.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: ip.AsSlice(), HardwareAddr: sbEnd.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("neighbour %s: %w", ip, err)
+	}
+	if err := sb.NeighSet(&netlink.Neigh{LinkIndex: sbEnd.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: d.cfg.gateway().AsSlice(), HardwareAddr: dpEnd.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("sandbox neighbour %s: %w", d.cfg.gateway(), err)
+	}
+	return nil
 }
 
 // ensureSandboxVeth returns the owner's veth pair (dataplane end, sandbox

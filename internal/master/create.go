@@ -27,6 +27,9 @@ const (
 // CreateParams is a validated-on-use create request.
 type CreateParams struct {
 	TemplateID string
+	// Alias, when set, is the name the client asked for and the caller
+	// resolved to TemplateID (a template tag); recorded as the alias.
+	Alias string
 	// Timeout until endAt; nil = Config.DefaultTimeout.
 	Timeout  *time.Duration
 	Metadata map[string]string
@@ -137,6 +140,9 @@ func (m *Master) recordCreated(ctx context.Context, p CreateParams, tpl Template
 	}
 	if p.TemplateID != tpl.Name {
 		sb.Alias = p.TemplateID
+	}
+	if p.Alias != "" {
+		sb.Alias = p.Alias
 	}
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
 		return store.Sandbox{}, err

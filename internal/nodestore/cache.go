@@ -24,6 +24,7 @@ type recordCache struct {
 	mu   sync.RWMutex
 	good map[string]Sandbox
 	bad  map[string]bool // keys whose value does not decode
+	ix   Index           // told of every change (see Store.Track); may be nil
 }
 
 func (c *recordCache) load(db *bolt.DB) error {
@@ -44,16 +45,38 @@ func (c *recordCache) load(db *bolt.DB) error {
 // put and remove apply a committed write.
 func (c *recordCache) put(sb Sandbox) {
 	c.mu.Lock()
+	old, had := c.good[sb.ID]
 	c.good[sb.ID] = clone(sb)
 	delete(c.bad, sb.ID)
+	if c.ix != nil {
+		// The new record first: an address both name is never free between.
+		c.ix.Add(sb)
+		if had {
+			c.ix.Remove(old)
+		}
+	}
 	c.mu.Unlock()
 }
 
 func (c *recordCache) remove(id string) {
 	c.mu.Lock()
+	old, had := c.good[id]
 	delete(c.good, id)
 	delete(c.bad, id)
+	if had && c.ix != nil {
+		c.ix.Remove(old)
+	}
 	c.mu.Unlock()
+}
+
+// track sets ix and tells it of every record held now.
+func (c *recordCache) track(ix Index) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ix = ix
+	for _, sb := range c.good {
+		ix.Add(sb)
+	}
 }
 
 func (c *recordCache) get(id string) (Sandbox, bool) {

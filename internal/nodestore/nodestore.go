@@ -193,8 +193,10 @@ func (s *Store) PutReplacing(sb Sandbox, old string) error {
 		}
 		return b.Delete([]byte(old))
 	}, func() {
-		s.cache.remove(old)
+		// put first: a tracked address the two records share (the slot's
+		// IP) stays held throughout.
 		s.cache.put(sb)
+		s.cache.remove(old)
 	})
 }
 
@@ -211,6 +213,20 @@ func (s *Store) Delete(id string) error {
 func (s *Store) AddAddresses(ips map[netip.Addr]bool, ports map[uint16]bool) {
 	s.cache.addresses(ips, ports)
 }
+
+// Index follows the records: Add is called for every record written and
+// Remove for every record replaced or deleted, in commit order, while the
+// store's cache is locked (an Index must not call the Store).
+type Index interface {
+	Add(Sandbox)
+	Remove(Sandbox)
+}
+
+// Track makes ix follow the records: it is told of every record held now,
+// then of every committed change. The cubelet's address free sets are
+// built this way (internal/ipam), so they are rebuilt from the records at
+// every start and never drift from them.
+func (s *Store) Track(ix Index) { s.cache.track(ix) }
 
 // List returns every record, ordered by id. Records that cannot be decoded
 // are returned in bad (by key) instead of failing the whole listing, so one

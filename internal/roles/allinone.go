@@ -177,7 +177,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		return err
 	}
 	metrics := newMetricsRegistry()
-	if err := errors.Join(node.RegisterMetrics(metrics), reg.RegisterMetrics(metrics)); err != nil {
+	if err := errors.Join(node.RegisterMetrics(metrics), reg.RegisterMetrics(metrics), st.RegisterMetrics(metrics)); err != nil {
 		return err
 	}
 	m := master.New(st, reg, master.Config{Domain: cfg.Domain, Logger: log.With("role", "cubemaster")})
@@ -205,7 +205,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	mux.Handle("/nodes", admin)
 	mux.Handle("/nodes/", admin)
 	builds, err := newTemplateBuilds(ctx, cfg.DataDir, st, buildSandboxes{m: m, reg: reg, dial: node.DialContext},
-		templatebuild.RegistryTemplates{Registry: templates}, templates, cfg.InsecureRegistries, log)
+		templatebuild.RegistryTemplates{Registry: templates}, templates, cfg.InsecureRegistries, metrics, log)
 	if err != nil {
 		return fmt.Errorf("template builds: %w", err)
 	}

@@ -86,7 +86,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		return err
 	}
 	metrics := newMetricsRegistry()
-	if err := reg.RegisterMetrics(metrics); err != nil {
+	if err := errors.Join(reg.RegisterMetrics(metrics), st.RegisterMetrics(metrics)); err != nil {
 		return err
 	}
 	// Background loops (sandbox expiry, node health, drains) run on one replica:
@@ -130,18 +130,15 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 			return err
 		}
 		opts = append(opts, mo)
-		// Template builds keep their uploads on this server's disk and fail
-		// unfinished builds at start: one replica only, so a SQLite store
-		// (docs/templates.md).
-		if _, single := opened.(*store.SQLite); single {
-			builds, err := newTemplateBuilds(ctx, cfg.DataDir, opened, buildSandboxes{m: m, reg: reg},
-				clusterTemplates{server: templatebuild.RegistryTemplates{Registry: templates}, reg: reg}, templates, cfg.InsecureRegistries, log)
-			if err != nil {
-				return fmt.Errorf("template builds: %w", err)
-			}
-			defer builds.Close()
-			opts = append(opts, api.WithTemplateBuilds(builds))
+		// Template builds keep their records, logs and uploads in the store,
+		// so any replica answers for any build (docs/templates.md).
+		builds, err := newTemplateBuilds(ctx, cfg.DataDir, opened, buildSandboxes{m: m, reg: reg},
+			clusterTemplates{server: templatebuild.RegistryTemplates{Registry: templates}, reg: reg}, templates, cfg.InsecureRegistries, metrics, log)
+		if err != nil {
+			return fmt.Errorf("template builds: %w", err)
 		}
+		defer builds.Close()
+		opts = append(opts, api.WithTemplateBuilds(builds))
 		mux.Handle("/", api.New(m, st, log.With("role", "cube-api"), opts...))
 	}
 	handler, err := apiHandler(mux, metrics, log, quiet...)

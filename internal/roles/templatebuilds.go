@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/master"
@@ -133,36 +135,59 @@ func nodeTemplateInfo(t cluster.TemplateRef) templatebuild.TemplateInfo {
 	return templatebuild.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB, Digest: t.Digest}
 }
 
-// newTemplateBuilds starts the template build service over the data dir:
-// uploads in <dataDir>/template-files, upload URLs signed with a key kept
-// in <dataDir>/template-files.key (so they survive a restart). Builds
-// fromImage import their images into server, the server's registry,
-// over plain HTTP only from the registries insecure lists.
+// newTemplateBuilds starts the template build service over the store:
+// uploads spooled in <dataDir>/template-files and kept in the store, upload
+// URLs signed with the store's shared key (seeded from the key earlier
+// versions kept in <dataDir>/template-files.key, so URLs handed out before
+// an upgrade still work). Builds fromImage import their images into server,
+// the server's registry, over plain HTTP only from the registries insecure
+// lists.
 func newTemplateBuilds(ctx context.Context, dataDir string, st templatebuild.Store, sbx templatebuild.Sandboxes,
-	tpls templatebuild.Templates, server *template.Registry, insecure []string, log *slog.Logger) (*templatebuild.Service, error) {
+	tpls templatebuild.Templates, server *template.Registry, insecure []string, metrics prometheus.Registerer, log *slog.Logger) (*templatebuild.Service, error) {
+	bm, err := templatebuild.NewMetrics(metrics)
+	if err != nil {
+		return nil, err
+	}
 	images, err := newRegistryImages(server, insecure)
 	if err != nil {
 		return nil, err
 	}
-	secret, err := uploadSecret(filepath.Join(dataDir, "template-files.key"))
+	secret, err := uploadSecret(ctx, st, filepath.Join(dataDir, "template-files.key"))
 	if err != nil {
 		return nil, err
 	}
 	return templatebuild.New(ctx, templatebuild.Config{Store: st, Sandboxes: sbx, Templates: tpls, Images: images,
-		FilesDir: filepath.Join(dataDir, "template-files"), Secret: secret, Logger: log.With("role", "template-builds")})
+		FilesDir: filepath.Join(dataDir, "template-files"), Secret: secret, Instance: buildInstance(dataDir),
+		Metrics: bm, Logger: log.With("role", "template-builds")})
 }
 
-// uploadSecret reads the key that signs upload URLs, making it once.
-func uploadSecret(path string) ([]byte, error) {
-	if b, err := os.ReadFile(path); err == nil && len(b) >= 32 {
-		return b, nil
-	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+// uploadSecret returns the key that signs upload URLs, shared by every
+// replica through the store (the first replica's candidate wins): the key
+// of legacyPath when an earlier version made one, else a random one.
+// Replicas share the store already, so no further secret needs deploying.
+func uploadSecret(ctx context.Context, st templatebuild.Store, legacyPath string) ([]byte, error) {
+	candidate, err := os.ReadFile(legacyPath)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read %s: %w", legacyPath, err)
 	}
-	b := make([]byte, 32)
-	rand.Read(b)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return nil, fmt.Errorf("write %s: %w", path, err)
+	if len(candidate) < 32 {
+		candidate = make([]byte, 32)
+		rand.Read(candidate)
 	}
-	return b, nil
+	secret, err := st.SharedSecret(ctx, templatebuild.UploadSecretName, candidate)
+	if err != nil {
+		return nil, fmt.Errorf("template upload key: %w", err)
+	}
+	return secret, nil
+}
+
+// buildInstance names this server among the replicas, the same across its
+// restarts: host name (the pod name on Kubernetes) and data dir (several
+// servers on one host have their own).
+func buildInstance(dataDir string) string {
+	host, _ := os.Hostname()
+	if abs, err := filepath.Abs(dataDir); err == nil {
+		dataDir = abs
+	}
+	return host + ":" + dataDir
 }

@@ -33,7 +33,10 @@ type TemplateBuild struct {
 	// Reason is the JSON failure reason; empty when none.
 	Reason string
 	// SandboxID is the build sandbox while one exists; empty otherwise.
-	SandboxID  string
+	SandboxID string
+	// Owner is the server process running the build (set when it
+	// starts); it heartbeats UpdatedAt while the build runs.
+	Owner      string
 	CPUCount   int
 	MemoryMB   int
 	CreatedAt  time.Time
@@ -51,7 +54,7 @@ type BuildLogEntry struct {
 	Message string
 }
 
-const buildColumns = `id, template, status, reason, sandbox_id, cpu_count, memory_mb, created_at, updated_at, finished_at`
+const buildColumns = `id, template, status, reason, sandbox_id, owner, cpu_count, memory_mb, created_at, updated_at, finished_at`
 
 func scanBuild(r rowScanner) (TemplateBuild, error) {
 	var (
@@ -60,7 +63,7 @@ func scanBuild(r rowScanner) (TemplateBuild, error) {
 		created, updated int64
 		finished         sql.NullInt64
 	)
-	if err := r.Scan(&b.ID, &b.Template, &status, &b.Reason, &b.SandboxID, &b.CPUCount, &b.MemoryMB, &created, &updated, &finished); err != nil {
+	if err := r.Scan(&b.ID, &b.Template, &status, &b.Reason, &b.SandboxID, &b.Owner, &b.CPUCount, &b.MemoryMB, &created, &updated, &finished); err != nil {
 		return TemplateBuild{}, err
 	}
 	b.Status, b.CreatedAt, b.UpdatedAt, b.FinishedAt = BuildStatus(status), fromNanos(created), fromNanos(updated), nullNanos(finished)
@@ -134,12 +137,12 @@ func (s *sqlStore) queryBuilds(ctx context.Context, what, query string, args ...
 	return out, nil
 }
 
-// StartTemplateBuild moves a waiting build to building. A build that is not
-// waiting (started twice, or already finished) is ErrConflict; an unknown
-// one ErrNotFound.
-func (s *sqlStore) StartTemplateBuild(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, s.d.bind(`UPDATE template_builds SET status = ?, updated_at = ? WHERE id = ? AND status = ?`),
-		string(BuildBuilding), toNanos(s.now()), id, string(BuildWaiting))
+// StartTemplateBuild moves a waiting build to building, run by owner. A
+// build that is not waiting (started twice, or already finished) is
+// ErrConflict; an unknown one ErrNotFound.
+func (s *sqlStore) StartTemplateBuild(ctx context.Context, id, owner string) error {
+	res, err := s.db.ExecContext(ctx, s.d.bind(`UPDATE template_builds SET status = ?, owner = ?, updated_at = ? WHERE id = ? AND status = ?`),
+		string(BuildBuilding), owner, toNanos(s.now()), id, string(BuildWaiting))
 	if err != nil {
 		return fmt.Errorf("start template build %s: %w", id, err)
 	}
@@ -153,6 +156,43 @@ func (s *sqlStore) StartTemplateBuild(ctx context.Context, id string) error {
 		return err
 	}
 	return fmt.Errorf("start template build %s: %w: it is %s, not waiting", id, errdefs.ErrConflict, b.Status)
+}
+
+// HeartbeatTemplateBuild marks the build alive (updated_at = at, the
+// owner's clock, which is also the clock that judges staleness) while
+// owner runs it. It reports false when the build is no longer building
+// under owner (another replica failed it as stale, or it ended): the owner
+// should stop running it.
+func (s *sqlStore) HeartbeatTemplateBuild(ctx context.Context, id, owner string, at time.Time) (bool, error) {
+	res, err := s.db.ExecContext(ctx, s.d.bind(`UPDATE template_builds SET updated_at = ? WHERE id = ? AND owner = ? AND status = ?`),
+		toNanos(at), id, owner, string(BuildBuilding))
+	if err != nil {
+		return false, fmt.Errorf("heartbeat template build %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("heartbeat template build %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// FailStaleTemplateBuild fails a build that is still unfinished and was
+// last updated before staleBefore (its owner stopped heartbeating). It
+// reports whether this call failed it: of replicas racing, one wins, and a
+// build whose owner heartbeat meanwhile is left alone.
+func (s *sqlStore) FailStaleTemplateBuild(ctx context.Context, id string, staleBefore time.Time, reason string) (bool, error) {
+	now := toNanos(s.now())
+	res, err := s.db.ExecContext(ctx, s.d.bind(`UPDATE template_builds SET status = ?, reason = ?, updated_at = ?, finished_at = ?
+		WHERE id = ? AND status IN (?, ?) AND updated_at < ?`),
+		string(BuildError), reason, now, now, id, string(BuildWaiting), string(BuildBuilding), toNanos(staleBefore))
+	if err != nil {
+		return false, fmt.Errorf("fail stale template build %s: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("fail stale template build %s: %w", id, err)
+	}
+	return n == 1, nil
 }
 
 // SetTemplateBuildSandbox records the build sandbox of a build ("" = none).

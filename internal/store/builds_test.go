@@ -33,13 +33,13 @@ func TestTemplateBuildLifecycle(t *testing.T) {
 		if _, err := s.GetTemplateBuild(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("unknown build: %v", err)
 		}
-		if err := s.StartTemplateBuild(ctx, "b1"); err != nil {
+		if err := s.StartTemplateBuild(ctx, "b1", "replica-a"); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.StartTemplateBuild(ctx, "b1"); !errors.Is(err, errdefs.ErrConflict) {
+		if err := s.StartTemplateBuild(ctx, "b1", "replica-a"); !errors.Is(err, errdefs.ErrConflict) {
 			t.Fatalf("second start: %v", err)
 		}
-		if err := s.StartTemplateBuild(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		if err := s.StartTemplateBuild(ctx, "nope", "replica-a"); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("start of an unknown build: %v", err)
 		}
 		if err := s.SetTemplateBuildSandbox(ctx, "b1", "sbx-1"); err != nil {

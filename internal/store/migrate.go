@@ -92,6 +92,56 @@ var migrations = []string{
 		message  TEXT NOT NULL,
 		PRIMARY KEY (build_id, seq)
 	);`,
+	// 6: template builds across replicas (internal/templatebuild). owner
+	// is the server process running a build; it heartbeats updated_at, and
+	// any replica fails a build whose owner stopped. Uploaded COPY archives
+	// live here rather than on one replica's disk: template_files maps a
+	// files hash to one complete upload, whose bytes are the rows of
+	// template_file_chunks (chunks so that no statement holds a whole
+	// archive). cube_secrets holds keys replicas share (the upload URLs'
+	// signing key), first writer wins. BYTEA is PostgreSQL's binary type;
+	// SQLite accepts the name and stores blobs as they are.
+	`ALTER TABLE template_builds ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+	CREATE TABLE template_files (
+		hash       TEXT PRIMARY KEY,
+		upload_id  TEXT NOT NULL,
+		size       BIGINT NOT NULL,
+		chunks     INTEGER NOT NULL,
+		created_at BIGINT NOT NULL,
+		used_at    BIGINT NOT NULL
+	);
+	CREATE TABLE template_file_chunks (
+		upload_id  TEXT NOT NULL,
+		seq        INTEGER NOT NULL,
+		data       BYTEA NOT NULL,
+		created_at BIGINT NOT NULL,
+		PRIMARY KEY (upload_id, seq)
+	);
+	CREATE TABLE cube_secrets (
+		name       TEXT PRIMARY KEY,
+		value      BYTEA NOT NULL,
+		created_at BIGINT NOT NULL
+	);`,
+	// 7: template tags (internal/templatebuild, tags.go). A row points
+	// template:tag at a build and at the registry template holding that
+	// build's result (target: the template's own name, or a per-build
+	// template). template_build_tags keeps the tags a build gets once it is
+	// ready, between the build request and its end.
+	`CREATE TABLE template_tags (
+		template   TEXT NOT NULL,
+		tag        TEXT NOT NULL,
+		build_id   TEXT NOT NULL DEFAULT '',
+		target     TEXT NOT NULL,
+		created_at BIGINT NOT NULL,
+		PRIMARY KEY (template, tag)
+	);
+	CREATE INDEX template_tags_target ON template_tags (target);
+	CREATE TABLE template_build_tags (
+		build_id TEXT NOT NULL,
+		tag      TEXT NOT NULL,
+		seq      INTEGER NOT NULL,
+		PRIMARY KEY (build_id, tag)
+	);`,
 }
 
 // LatestSchemaVersion is the schema version this binary writes.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 )
@@ -42,15 +45,33 @@ type Store interface {
 	GetTemplateBuild(ctx context.Context, id string) (TemplateBuild, error)
 	ListTemplateBuilds(ctx context.Context, template string) ([]TemplateBuild, error)
 	UnfinishedTemplateBuilds(ctx context.Context) ([]TemplateBuild, error)
-	StartTemplateBuild(ctx context.Context, id string) error
+	StartTemplateBuild(ctx context.Context, id, owner string) error
+	HeartbeatTemplateBuild(ctx context.Context, id, owner string, at time.Time) (bool, error)
+	FailStaleTemplateBuild(ctx context.Context, id string, staleBefore time.Time, reason string) (bool, error)
 	SetTemplateBuildSandbox(ctx context.Context, id, sandboxID string) error
 	FinishTemplateBuild(ctx context.Context, id string, status BuildStatus, reason string) (bool, error)
 	DeleteTemplateBuilds(ctx context.Context, template string) error
 	AppendTemplateBuildLogs(ctx context.Context, buildID string, first int, entries []BuildLogEntry) error
 	TemplateBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]BuildLogEntry, error)
 	TemplateBuildLogCount(ctx context.Context, buildID string) (int, error)
+	PutTemplateFile(ctx context.Context, hash string, r io.Reader) (bool, error)
+	TouchTemplateFile(ctx context.Context, hash string) (bool, error)
+	OpenTemplateFile(ctx context.Context, hash string) (io.ReadCloser, error)
+	DeleteUnusedTemplateFiles(ctx context.Context, usedBefore, orphansBefore time.Time) ([]string, error)
+	SharedSecret(ctx context.Context, name string, candidate []byte) ([]byte, error)
+	// Template tags (tags.go).
+	SetTemplateBuildTags(ctx context.Context, buildID string, tags []string) error
+	TemplateBuildTags(ctx context.Context, buildID string) ([]string, error)
+	GetTemplateTag(ctx context.Context, template, tag string) (TemplateTag, error)
+	ListTemplateTags(ctx context.Context, template string) ([]TemplateTag, error)
+	TemplateTagsOf(ctx context.Context, target string) ([]TemplateTag, error)
+	PutTemplateTags(ctx context.Context, template string, tags []string, buildID, target string) ([]TemplateTag, error)
+	RemoveTemplateTags(ctx context.Context, template string, tags []string) ([]TemplateTag, error)
+	DeleteTemplateTags(ctx context.Context, template string) error
 
 	SchemaVersion(ctx context.Context) (int, error)
+	// RegisterMetrics registers the store's query metrics (metrics.go).
+	RegisterMetrics(reg prometheus.Registerer) error
 	Close() error
 }
 

@@ -44,7 +44,7 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	return &SQLite{sqlStore{db: db, d: sqliteDialect, now: time.Now}}, nil
+	return &SQLite{sqlStore{db: newTimedDB(db), d: sqliteDialect, now: time.Now}}, nil
 }
 
 // pingSQLite opens the first connection, retrying while the database is

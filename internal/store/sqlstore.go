@@ -10,7 +10,7 @@ import (
 // schema and queries over database/sql, with the dialect's differences
 // applied by d.
 type sqlStore struct {
-	db  *sql.DB
+	db  *timedDB // statements timed for cube_store_query_duration_seconds (metrics.go)
 	d   dialect
 	now func() time.Time
 }

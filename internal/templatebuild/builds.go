@@ -43,6 +43,9 @@ func (s *Service) RequestBuild(ctx context.Context, req BuildRequest) (Requested
 	if err := s.cfg.Store.CreateTemplateBuild(ctx, b); err != nil {
 		return RequestedBuild{}, err
 	}
+	if err := s.cfg.Store.SetTemplateBuildTags(ctx, b.ID, tags); err != nil { // tags.go
+		return RequestedBuild{}, err
+	}
 	return RequestedBuild{TemplateID: name, BuildID: b.ID, Tags: tags}, nil
 }
 
@@ -90,7 +93,11 @@ func (s *Service) FileLink(ctx context.Context, templateID, hash, base string) (
 	exp := s.now().Add(s.cfg.UploadURLTTL).Unix()
 	q := url.Values{"expires": {strconv.FormatInt(exp, 10)}, "token": {uploadToken(s.cfg.Secret, hash, exp)}}
 	u := strings.TrimSuffix(base, "/") + UploadPath + hash + "?" + q.Encode()
-	return FileLink{Present: s.files.used(hash), URL: u}, nil
+	present, err := s.files.used(ctx, hash)
+	if err != nil {
+		return FileLink{}, err
+	}
+	return FileLink{Present: present, URL: u}, nil
 }
 
 // UploadPath is the path prefix of upload URLs; the hash follows.
@@ -104,7 +111,10 @@ func (s *Service) PutFile(ctx context.Context, hash, token, expires string, body
 	if err := verifyUploadToken(s.cfg.Secret, hash, token, expires, s.now()); err != nil {
 		return err
 	}
-	return s.files.put(hash, body)
+	body, counted := s.cfg.Metrics.upload(body)
+	err := s.files.put(ctx, hash, body)
+	counted(err)
+	return err
 }
 
 // MaxUploadBytes is the size bound of one upload.
@@ -120,19 +130,27 @@ func (s *Service) StartBuild(ctx context.Context, templateID, buildID string, sp
 	if err != nil {
 		return err
 	}
+	if parent, err = s.resolveParent(ctx, parent); err != nil { // tags.go
+		return err
+	}
 	if err := s.checkParent(ctx, parent, b.Template); err != nil {
 		return err
 	}
-	if err := s.inUse(ctx, b.Template, "rebuild it"); err != nil {
+	if _, err := s.commitTarget(ctx, b.ID, parent.Template); err != nil { // refuses rebuilding a template in use
 		return err
 	}
 	for i, st := range spec.Steps {
-		if st.Type == StepCopy && !s.files.used(st.FilesHash) {
+		if st.Type != StepCopy {
+			continue
+		}
+		if present, err := s.files.used(ctx, st.FilesHash); err != nil {
+			return err
+		} else if !present {
 			return fmt.Errorf("%w: step %d (COPY %s): its files (hash %s) were never uploaded; upload them through GET /templates/%s/files/%s first",
 				errdefs.ErrInvalidArgument, i+1, st.Args[0], st.FilesHash, templateID, st.FilesHash)
 		}
 	}
-	if err := s.cfg.Store.StartTemplateBuild(ctx, buildID); err != nil {
+	if err := s.cfg.Store.StartTemplateBuild(ctx, buildID, s.owner); err != nil {
 		return err
 	}
 	s.wg.Add(1)

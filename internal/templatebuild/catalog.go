@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -44,13 +45,23 @@ func (s *Service) List(ctx context.Context) ([]Summary, error) {
 	out := []Summary{}
 	seen := map[string]bool{}
 	for _, t := range tpls {
-		if strings.HasPrefix(t.Name, CachePrefix) || IsImageTemplate(t.Name) {
+		if strings.HasPrefix(t.Name, CachePrefix) || IsImageTemplate(t.Name) || IsBuildTemplate(t.Name) {
 			continue
 		}
 		seen[t.Name] = true
 		sum := Summary{TemplateID: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 			EnvdVersion: t.EnvdVersion, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, BuildStatus: string(store.BuildReady)}
 		applyBuilds(&sum, byTemplate[t.Name])
+		out = append(out, sum)
+	}
+	// Templates whose tags all point at per-build templates (tags.go).
+	tagOnly, err := s.taggedOnly(ctx, seen)
+	if err != nil {
+		return nil, err
+	}
+	for _, sum := range tagOnly {
+		seen[sum.TemplateID] = true
+		applyBuilds(&sum, byTemplate[sum.TemplateID])
 		out = append(out, sum)
 	}
 	for name, bs := range byTemplate {
@@ -71,6 +82,42 @@ func (s *Service) List(ctx context.Context) ([]Summary, error) {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].TemplateID < out[j].TemplateID })
+	return out, nil
+}
+
+// taggedOnly summarizes the templates that have tags but are not in
+// seen, with the sizes of the template their default tag (else their first
+// tag) points at.
+func (s *Service) taggedOnly(ctx context.Context, seen map[string]bool) ([]Summary, error) {
+	rows, err := s.cfg.Store.ListTemplateTags(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	pick := map[string]store.TemplateTag{}
+	var names []string
+	for _, r := range rows {
+		old, ok := pick[r.Template]
+		switch {
+		case seen[r.Template]:
+		case !ok:
+			names = append(names, r.Template)
+			pick[r.Template] = r
+		case r.Tag == DefaultTag && old.Tag != DefaultTag:
+			pick[r.Template] = r
+		}
+	}
+	out := []Summary{}
+	for _, name := range names {
+		t, err := s.cfg.Templates.Get(ctx, pick[name].Target)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // its template went (deleted on the node): nothing to start
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Summary{TemplateID: name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
+			EnvdVersion: t.EnvdVersion, CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, BuildStatus: string(store.BuildReady)})
+	}
 	return out, nil
 }
 
@@ -96,14 +143,30 @@ func applyBuilds(sum *Summary, bs []store.TemplateBuild) {
 	}
 }
 
-// Resolve returns the template an id, name or name:tag names; ErrNotFound
-// when there is none.
+// Resolve returns the template an id, name or name:tag names, with Name
+// the template's name (its E2B templateID; a tag's build may be held by a
+// per-build template). A name without a tag exists when any tag of it
+// does. ErrNotFound when there is none.
 func (s *Service) Resolve(ctx context.Context, idOrName string) (TemplateInfo, error) {
-	name, err := ParseName(idOrName)
+	name, tag, err := ParseRef(idOrName)
 	if err != nil {
 		return TemplateInfo{}, fmt.Errorf("template %q: %w", idOrName, errdefs.ErrNotFound)
 	}
-	return s.cfg.Templates.Get(ctx, name)
+	t, err := s.lookup(ctx, name, tag)
+	if errors.Is(err, errdefs.ErrNotFound) && !strings.Contains(idOrName, ":") {
+		if rows, lerr := s.cfg.Store.ListTemplateTags(ctx, name); lerr == nil && len(rows) > 0 {
+			t, err = tagged{Target: rows[0].Target, BuildID: rows[0].BuildID}, nil
+		}
+	}
+	if err != nil {
+		return TemplateInfo{}, err
+	}
+	info, err := s.cfg.Templates.Get(ctx, t.Target)
+	if err != nil {
+		return TemplateInfo{}, err
+	}
+	info.Name = name
+	return info, nil
 }
 
 // Tag is one entry of GET /templates/{templateID}/tags.
@@ -113,30 +176,58 @@ type Tag struct {
 	CreatedAt time.Time
 }
 
-// Tags lists a template's tags: Cube has only "default".
+// Tags lists a template's tags (tags.go), sorted; a template without tag
+// rows has the default tag, pointing at itself.
 func (s *Service) Tags(ctx context.Context, templateID string) ([]Tag, error) {
-	t, err := s.Resolve(ctx, templateID)
+	name, err := ParseName(templateID)
+	if err != nil {
+		return nil, fmt.Errorf("template %q: %w", templateID, errdefs.ErrNotFound)
+	}
+	rows, err := s.cfg.Store.ListTemplateTags(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	builds, err := s.cfg.Store.ListTemplateBuilds(ctx, t.Name)
-	if err != nil {
-		return nil, err
+	out := make([]Tag, 0, len(rows)+1)
+	hasDefault := false
+	for _, r := range rows {
+		out = append(out, Tag{Tag: r.Tag, BuildID: r.BuildID, CreatedAt: r.CreatedAt})
+		hasDefault = hasDefault || r.Tag == DefaultTag
 	}
-	sum := Summary{}
-	applyBuilds(&sum, builds)
-	return []Tag{{Tag: DefaultTag, BuildID: sum.BuildID, CreatedAt: t.CreatedAt}}, nil
+	if !hasDefault {
+		t, err := s.cfg.Templates.Get(ctx, name)
+		switch {
+		case err == nil:
+			id, err := s.lastReadyBuild(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Tag{Tag: DefaultTag, BuildID: id, CreatedAt: t.CreatedAt})
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return nil, err
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tag < out[j].Tag })
+	return out, nil
 }
 
-// Delete removes a template and its build records. It refuses
+// Delete removes a template with all its tags, the per-build templates of
+// its builds, and its build records. A name:tag other than the default
+// is refused: that deletes one tag, with RemoveTags. It refuses
 // (ErrConflict) while a sandbox (running or paused, build sandboxes
-// included) uses the template or while one of its builds runs: a
+// included) uses one of these templates or while a build of it runs: a
 // template's rootfs is the lower layer of its sandboxes' overlays and
 // deleting it would pull the files from under them.
 func (s *Service) Delete(ctx context.Context, idOrName string) error {
-	name, err := ParseName(idOrName)
+	name, tag, err := ParseRef(idOrName)
 	if err != nil {
 		return fmt.Errorf("template %q: %w", idOrName, errdefs.ErrNotFound)
+	}
+	if tag != DefaultTag {
+		return fmt.Errorf("%w: DELETE /templates/%s: a template is deleted whole, with all its tags (DELETE /templates/%s); remove one tag with Template.removeTags",
+			errdefs.ErrInvalidArgument, idOrName, name)
 	}
 	builds, err := s.cfg.Store.ListTemplateBuilds(ctx, name)
 	if err != nil {
@@ -147,12 +238,41 @@ func (s *Service) Delete(ctx context.Context, idOrName string) error {
 			return fmt.Errorf("%w: template %q has a build in progress (%s); wait for it to finish", errdefs.ErrConflict, name, b.ID)
 		}
 	}
-	if err := s.inUse(ctx, name, "delete it"); err != nil {
+	rows, err := s.cfg.Store.ListTemplateTags(ctx, name)
+	if err != nil {
 		return err
 	}
-	derr := s.cfg.Templates.Delete(ctx, name)
-	if derr != nil && !(errors.Is(derr, errdefs.ErrNotFound) && len(builds) > 0) {
-		return derr
+	targets := []string{name}
+	for _, r := range rows {
+		if IsBuildTemplate(r.Target) && !slices.Contains(targets, r.Target) {
+			targets = append(targets, r.Target)
+		}
+	}
+	for _, b := range builds { // untagged ones the collector has not removed yet
+		if t := BuildTemplate(b.ID); !slices.Contains(targets, t) {
+			targets = append(targets, t)
+		}
+	}
+	for _, t := range targets {
+		if err := s.inUse(ctx, t, "delete it"); err != nil {
+			return err
+		}
+	}
+	found := len(builds) > 0 || len(rows) > 0
+	for _, t := range targets {
+		err := s.cfg.Templates.Delete(ctx, t)
+		switch {
+		case err == nil:
+			found = true
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return err
+		}
+	}
+	if !found {
+		return fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
+	}
+	if err := s.cfg.Store.DeleteTemplateTags(ctx, name); err != nil {
+		return err
 	}
 	return s.cfg.Store.DeleteTemplateBuilds(ctx, name)
 }

@@ -21,10 +21,17 @@ type deps struct {
 	// recordSandbox, when set, records the build sandbox's id ("" once
 	// it is gone), so a restart can kill it.
 	recordSandbox func(ctx context.Context, id string) error
-	// checkTarget, when set, runs right before the final commit.
-	checkTarget func(ctx context.Context, name string) error
+	// finalTarget, when set, runs right before the final commit and
+	// returns the template it writes (tags.go: a tagged build may commit
+	// into a per-build template); parent is the template built from.
+	finalTarget func(ctx context.Context, parent string) (string, error)
+	// committed, when set, runs after the final commit of template name
+	// (tags.go: the build's tags then point at it).
+	committed func(ctx context.Context, name string) error
 	// noStepCache skips the step cache's commits (lookups still happen).
 	noStepCache bool
+	// metrics, when set, times the steps (the Service's builds only).
+	metrics *Metrics
 }
 
 // stepLog receives a build's log entries.
@@ -39,7 +46,9 @@ func (s *Service) deps(buildID string) deps {
 		recordSandbox: func(ctx context.Context, id string) error {
 			return s.cfg.Store.SetTemplateBuildSandbox(ctx, buildID, id)
 		},
-		checkTarget: func(ctx context.Context, name string) error { return s.inUse(ctx, name, "rebuild it") },
+		finalTarget: func(ctx context.Context, parent string) (string, error) { return s.commitTarget(ctx, buildID, parent) },
+		committed:   func(ctx context.Context, name string) error { return s.tagBuild(ctx, buildID, name) },
+		metrics:     s.cfg.Metrics,
 	}
 }
 

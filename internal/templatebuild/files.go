@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -24,31 +25,51 @@ import (
 // ErrTooLarge marks an upload past the size bound (HTTP 413 at the boundary).
 var ErrTooLarge = fmt.Errorf("%w: upload too large", errdefs.ErrInvalidArgument)
 
-// fileStore keeps the uploaded COPY archives by files hash:
-// <dir>/<hash>, written through a temporary file and renamed into place, so
-// concurrent identical uploads are harmless (the last rename wins, and every
-// candidate holds the same files).
+// fileStore keeps the uploaded COPY archives by files hash in the
+// control-plane store, so that any replica can run a build whose files
+// were uploaded through another. An upload is spooled to a temporary file
+// in dir (bounded by maxBytes and checked to be a tar archive) before it is
+// copied into the store chunk by chunk: a slow client never holds a
+// database transaction, and a bad archive never reaches the store. The
+// first complete upload of a hash wins; later ones are read and dropped.
 type fileStore struct {
+	st       FileStore
 	dir      string
 	maxBytes int64
 }
 
-func (f *fileStore) path(hash string) string { return filepath.Join(f.dir, hash) }
+// FileStore is the part of the control-plane store holding uploaded files.
+type FileStore interface {
+	PutTemplateFile(ctx context.Context, hash string, r io.Reader) (bool, error)
+	TouchTemplateFile(ctx context.Context, hash string) (bool, error)
+	OpenTemplateFile(ctx context.Context, hash string) (io.ReadCloser, error)
+	DeleteUnusedTemplateFiles(ctx context.Context, usedBefore, orphansBefore time.Time) ([]string, error)
+}
 
-// has reports whether the archive of hash is stored.
-func (f *fileStore) has(hash string) bool {
+// used reports whether the archive of hash is stored and, if so, marks it
+// used now, which keeps it from the collector.
+func (f *fileStore) used(ctx context.Context, hash string) (bool, error) {
 	if !ValidHash(hash) {
-		return false
+		return false, nil
 	}
-	fi, err := os.Stat(f.path(hash))
-	return err == nil && fi.Mode().IsRegular()
+	return f.st.TouchTemplateFile(ctx, hash)
 }
 
 // put stores body as the archive of hash after checking that it is a
 // readable tar, plain or gzip-compressed.
-func (f *fileStore) put(hash string, body io.Reader) (err error) {
+func (f *fileStore) put(ctx context.Context, hash string, body io.Reader) (err error) {
 	if !ValidHash(hash) {
 		return fmt.Errorf("%w: files hash %q must be 64 lowercase hex characters", errdefs.ErrInvalidArgument, hash)
+	}
+	if present, err := f.used(ctx, hash); err != nil {
+		return fmt.Errorf("store template files: %w", err)
+	} else if present {
+		// Written once by hash: read the body so that the client sees a
+		// clean answer, and keep the stored archive.
+		if _, err := io.Copy(io.Discard, io.LimitReader(body, f.maxBytes+1)); err != nil {
+			return fmt.Errorf("%w: read upload: %w", errdefs.ErrInvalidArgument, err)
+		}
+		return nil
 	}
 	if err := os.MkdirAll(f.dir, 0o700); err != nil {
 		return fmt.Errorf("store template files: %w", err)
@@ -58,10 +79,8 @@ func (f *fileStore) put(hash string, body io.Reader) (err error) {
 		return fmt.Errorf("store template files: %w", err)
 	}
 	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
+		tmp.Close()
+		os.Remove(tmp.Name())
 	}()
 	n, err := io.Copy(tmp, io.LimitReader(body, f.maxBytes+1))
 	if err != nil {
@@ -76,25 +95,61 @@ func (f *fileStore) put(hash string, body io.Reader) (err error) {
 	if err := checkArchive(tmp); err != nil {
 		return err
 	}
-	if err := tmp.Close(); err != nil {
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return fmt.Errorf("store template files: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), f.path(hash)); err != nil {
+	if _, err := f.st.PutTemplateFile(ctx, hash, tmp); err != nil {
 		return fmt.Errorf("store template files: %w", err)
 	}
 	return nil
 }
 
 // open returns the stored archive of hash; ErrNotFound when none.
-func (f *fileStore) open(hash string) (*os.File, error) {
+func (f *fileStore) open(ctx context.Context, hash string) (io.ReadCloser, error) {
 	if !ValidHash(hash) {
 		return nil, fmt.Errorf("%w: files hash %q", errdefs.ErrInvalidArgument, hash)
 	}
-	file, err := os.Open(f.path(hash))
-	if errors.Is(err, fs.ErrNotExist) {
+	r, err := f.st.OpenTemplateFile(ctx, hash)
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, fmt.Errorf("files %s: %w: they were never uploaded", hash, errdefs.ErrNotFound)
 	}
-	return file, err
+	return r, err
+}
+
+// importLocal moves what an earlier version kept in dir (uploads as
+// <dir>/<hash>) into the store and removes the spool files a killed
+// process left. Errors are joined; the rest goes on.
+func (f *fileStore) importLocal(ctx context.Context) error {
+	entries, err := os.ReadDir(f.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("list %s: %w", f.dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		p := filepath.Join(f.dir, e.Name())
+		if ValidHash(e.Name()) && e.Type().IsRegular() {
+			file, err := os.Open(p)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			_, err = f.st.PutTemplateFile(ctx, e.Name(), file)
+			file.Close()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("import %s: %w", p, err))
+				continue
+			}
+		} else if !strings.HasPrefix(e.Name(), ".tmp-") {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // tarReader returns a tar reader over r, decompressing it when it starts

@@ -4,9 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/store"
 )
 
 type entry struct {
@@ -148,12 +151,28 @@ func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
 // Stored archives: plain and gzip tars are accepted, anything else and
 // oversize bodies refused with nothing left behind; concurrent identical
-// uploads all succeed.
+// uploads all succeed and one is kept; what an earlier version kept on
+// disk moves into the store.
 func TestFileStore(t *testing.T) {
+	ctx := context.Background()
 	dir := t.TempDir()
-	fs := fileStore{dir: dir, maxBytes: 4096}
+	st, err := store.OpenSQLite(ctx, filepath.Join(dir, "server.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	spool := filepath.Join(dir, "template-files")
+	fs := fileStore{st: st, dir: spool, maxBytes: 4096}
+	has := func(h string) bool {
+		t.Helper()
+		ok, err := fs.used(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
 	hash := strings.Repeat("0", 64)
-	if fs.has(hash) {
+	if has(hash) {
 		t.Fatal("empty store has the hash")
 	}
 	plain := makeTar(t, false, entry{name: "hello.txt", typ: tar.TypeReg, body: "hello world\n"})
@@ -161,7 +180,7 @@ func TestFileStore(t *testing.T) {
 	errs := make(chan error, 8)
 	for range 8 {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs <- fs.put(hash, bytes.NewReader(plain)) }()
+		go func() { defer wg.Done(); errs <- fs.put(ctx, hash, bytes.NewReader(plain)) }()
 	}
 	wg.Wait()
 	close(errs)
@@ -170,28 +189,61 @@ func TestFileStore(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !fs.has(hash) {
+	if !has(hash) {
 		t.Fatal("stored hash is not present")
 	}
+	r, err := fs.open(ctx, hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	r.Close()
+	if !bytes.Equal(got, plain) {
+		t.Fatal("stored archive differs from the upload")
+	}
 	gz := strings.Repeat("1", 64)
-	if err := fs.put(gz, bytes.NewReader(makeTar(t, true, entry{name: "a", typ: tar.TypeReg, body: "a"}))); err != nil || !fs.has(gz) {
+	if err := fs.put(ctx, gz, bytes.NewReader(makeTar(t, true, entry{name: "a", typ: tar.TypeReg, body: "a"}))); err != nil || !has(gz) {
 		t.Fatalf("gzip upload: %v", err)
 	}
 	bad := strings.Repeat("2", 64)
-	if err := fs.put(bad, strings.NewReader(strings.Repeat("x", 1024))); !errors.Is(err, errdefs.ErrInvalidArgument) || fs.has(bad) {
+	if err := fs.put(ctx, bad, strings.NewReader(strings.Repeat("x", 1024))); !errors.Is(err, errdefs.ErrInvalidArgument) || has(bad) {
 		t.Fatalf("garbage upload: %v", err)
 	}
-	if err := fs.put(bad, bytes.NewReader(make([]byte, 5000))); !errors.Is(err, ErrTooLarge) || fs.has(bad) {
+	if err := fs.put(ctx, bad, bytes.NewReader(make([]byte, 5000))); !errors.Is(err, ErrTooLarge) || has(bad) {
 		t.Fatalf("oversize upload: %v", err)
 	}
-	if err := fs.put("../x", bytes.NewReader(plain)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if err := fs.put(ctx, "../x", bytes.NewReader(plain)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("bad hash: %v", err)
 	}
-	entries, _ := os.ReadDir(dir)
-	if len(entries) != 2 {
-		t.Fatalf("store dir holds %v; want the two archives only", entries)
+	// A second upload of a stored hash is read and dropped: the first stays.
+	if err := fs.put(ctx, hash, strings.NewReader("not even a tar")); err != nil {
+		t.Fatalf("second upload of a stored hash: %v", err)
 	}
-	if _, err := fs.open(strings.Repeat("3", 64)); !errors.Is(err, errdefs.ErrNotFound) {
+	if entries, _ := os.ReadDir(spool); len(entries) != 0 {
+		t.Fatalf("spool dir holds %v; want nothing", entries)
+	}
+	if _, err := fs.open(ctx, strings.Repeat("3", 64)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("open of a missing hash: %v", err)
+	}
+
+	// An earlier version's uploads and a killed upload's spool file.
+	legacy := strings.Repeat("4", 64)
+	if err := os.WriteFile(filepath.Join(spool, legacy), plain, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(spool, ".tmp-"+legacy+"-1"), []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(spool, "README"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.importLocal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !has(legacy) {
+		t.Fatal("legacy upload not imported")
+	}
+	if entries, _ := os.ReadDir(spool); len(entries) != 1 || entries[0].Name() != "README" {
+		t.Fatalf("spool dir after import holds %v; want README only", entries)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -18,6 +17,10 @@ const (
 	DefaultLeftoverAge = 7 * 24 * time.Hour
 	// DefaultCollectEvery is how often the service collects.
 	DefaultCollectEvery = time.Hour
+	// orphanChunkAge is how old the stored chunks of an upload that never
+	// completed (its server died while copying it) are before they go; no
+	// copy into the store takes that long.
+	orphanChunkAge = time.Hour
 )
 
 // Collected is what one collection removed.
@@ -35,12 +38,20 @@ type Collected struct {
 // uploaded COPY archives unused (not uploaded, linked or built with) for
 // maxAge. Templates built from them keep working: a built template is a
 // full copy sharing file data by hard links. It does nothing while builds
-// run (Skipped). Errors of single removals are joined; the rest go on.
+// run on any replica (Skipped). Every replica collects: each removal is
+// idempotent (a template gone already is no error, a file is removed only
+// if still unused). Errors of single removals are joined; the rest go on.
 func (s *Service) CollectLeftovers(ctx context.Context, maxAge time.Duration) (Collected, error) {
 	if !s.gcMu.TryLock() {
 		return Collected{Skipped: true}, nil
 	}
 	defer s.gcMu.Unlock()
+	// Builds of other replicas count too: the store knows them all.
+	if running, err := s.cfg.Store.UnfinishedTemplateBuilds(ctx); err != nil {
+		return Collected{}, fmt.Errorf("collect build leftovers: %w", err)
+	} else if len(running) > 0 {
+		return Collected{Skipped: true}, nil
+	}
 	cutoff := s.now().Add(-maxAge)
 	var out Collected
 	var errs []error
@@ -64,15 +75,13 @@ func (s *Service) CollectLeftovers(ctx context.Context, maxAge time.Duration) (C
 		}
 		out.Templates = append(out.Templates, t.Name)
 	}
-	files, err := s.files.unusedSince(cutoff)
+	untagged, err := s.collectUntagged(ctx, tpls, maxAge) // tags.go
+	out.Templates, errs = append(out.Templates, untagged...), append(errs, err)
+	// Conditional on each file's last use: a file linked or built with
+	// meanwhile, on any replica, stays.
+	files, err := s.cfg.Store.DeleteUnusedTemplateFiles(ctx, cutoff, s.now().Add(-orphanChunkAge))
 	errs = append(errs, err)
-	for _, h := range files {
-		if err := os.Remove(s.files.path(h)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		out.Files = append(out.Files, h)
-	}
+	out.Files = files
 	return out, errors.Join(errs...)
 }
 
@@ -95,37 +104,4 @@ func (s *Service) collectLoop() {
 			s.log.Info("collected build leftovers", "templates", c.Templates, "files", len(c.Files))
 		}
 	}
-}
-
-// used reports whether the archive of hash is stored and, if so, marks it
-// used now (its modification time), which keeps it from the collector.
-func (f *fileStore) used(hash string) bool {
-	if !f.has(hash) {
-		return false
-	}
-	now := time.Now()
-	_ = os.Chtimes(f.path(hash), now, now)
-	return true
-}
-
-// unusedSince lists the stored archives last used before cutoff.
-func (f *fileStore) unusedSince(cutoff time.Time) ([]string, error) {
-	entries, err := os.ReadDir(f.dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list uploaded files: %w", err)
-	}
-	var out []string
-	for _, e := range entries {
-		if !ValidHash(e.Name()) || !e.Type().IsRegular() {
-			continue // temporary files of uploads in progress among them
-		}
-		fi, err := e.Info()
-		if err == nil && fi.ModTime().Before(cutoff) {
-			out = append(out, e.Name())
-		}
-	}
-	return out, nil
 }

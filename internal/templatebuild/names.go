@@ -6,13 +6,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/template"
 )
 
-// DefaultTag is the only tag Cube supports: E2B's name for "no tag".
+// DefaultTag is E2B's name for "no tag": `name` means `name:default`.
 const DefaultTag = "default"
 
 // CachePrefix starts the names of the intermediate templates of the step
@@ -24,10 +25,29 @@ const CachePrefix = "buildcache-"
 // E2B listing.
 const ImagePrefix = "image-"
 
+// BuildPrefix starts the names of the templates that hold the results
+// of builds a tag points at when the template's own name cannot
+// (BuildTemplate, tags.go); hidden from listings like the cache's.
+const BuildPrefix = "build-"
+
+// maxTagLen bounds a tag (E2B sets none; a bound keeps names printable).
+const maxTagLen = 128
+
 var (
 	tagRE      = regexp.MustCompile(`^[a-z0-9_.-]+$`)
+	uuidRE     = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	imageTplRE = regexp.MustCompile(`^` + ImagePrefix + `[0-9a-f]{16}$`)
+	buildTplRE = regexp.MustCompile(`^` + BuildPrefix + `[0-9a-f]{32}$`)
 )
+
+// BuildTemplate is the name of the template holding the result of build
+// buildID (a UUID) when it cannot be the template's own name.
+func BuildTemplate(buildID string) string {
+	return BuildPrefix + strings.ReplaceAll(strings.ToLower(buildID), "-", "")
+}
+
+// IsBuildTemplate reports whether name has the form of BuildTemplate's.
+func IsBuildTemplate(name string) bool { return buildTplRE.MatchString(name) }
 
 // ImageTemplate is the name of the template a build imports the image with
 // manifest digest into: the same image (by content, whatever the tag or
@@ -42,44 +62,69 @@ func ImageTemplate(digest string) string {
 func IsImageTemplate(name string) bool { return imageTplRE.MatchString(name) }
 
 // ParseName parses an E2B template name `alias[:tag]` (trimmed and
-// lowercased, as E2B does) into the Cube template name. Cube templates are
-// named, so the E2B templateID is the name itself. The tag must be absent or
-// "default": other tags are not supported yet.
+// lowercased, as E2B does) into the Cube template name, checking the tag's
+// form and dropping it. Cube templates are named, so the E2B templateID is
+// the name itself. Use ParseRef where the tag matters.
 func ParseName(s string) (string, error) {
+	name, _, err := ParseRef(s)
+	return name, err
+}
+
+// ParseRef parses `alias[:tag]` into the template name and the tag
+// (DefaultTag when there is none).
+func ParseRef(s string) (name, tag string, err error) {
 	s = strings.ToLower(strings.TrimSpace(s))
 	if s == "" {
-		return "", fmt.Errorf("%w: template name is empty", errdefs.ErrInvalidArgument)
+		return "", "", fmt.Errorf("%w: template name is empty", errdefs.ErrInvalidArgument)
 	}
-	name, tag, hasTag := strings.Cut(s, ":")
+	name, rawTag, hasTag := strings.Cut(s, ":")
+	tag = DefaultTag
 	if hasTag {
-		if err := checkTag(tag); err != nil {
-			return "", err
+		if tag, err = normTag(rawTag); err != nil {
+			return "", "", err
 		}
 	}
 	if strings.Contains(name, "/") {
-		return "", fmt.Errorf("%w: template name %q: namespaced names (team/name) are not supported by Cube; use a plain name", errdefs.ErrInvalidArgument, name)
+		return "", "", fmt.Errorf("%w: template name %q: namespaced names (team/name) are not supported by Cube; use a plain name", errdefs.ErrInvalidArgument, name)
 	}
 	if err := template.ValidateName(name); err != nil {
-		return "", fmt.Errorf("%w: template name %q must be 1-63 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit",
+		return "", "", fmt.Errorf("%w: template name %q must be 1-63 characters of a-z, 0-9, '-', '_' and '.', starting with a letter or digit",
 			errdefs.ErrInvalidArgument, name)
 	}
-	return name, nil
+	return name, tag, nil
 }
 
-// checkTag accepts "default" and refuses every other (well-formed) tag.
-func checkTag(tag string) error {
-	if tag == DefaultTag {
-		return nil
+// normTag trims and lowercases a tag and checks its form (E2B's: a-z,
+// 0-9, '-', '_', '.'; not a UUID, which would read as a build id).
+func normTag(tag string) (string, error) {
+	t := strings.ToLower(strings.TrimSpace(tag))
+	if !tagRE.MatchString(t) || len(t) > maxTagLen {
+		return "", fmt.Errorf("%w: tag %q must match %s (at most %d characters)", errdefs.ErrInvalidArgument, tag, tagRE, maxTagLen)
 	}
-	if !tagRE.MatchString(tag) {
-		return fmt.Errorf("%w: tag %q must match %s", errdefs.ErrInvalidArgument, tag, tagRE)
+	if uuidRE.MatchString(t) {
+		return "", fmt.Errorf("%w: tag %q: a tag cannot be a UUID", errdefs.ErrInvalidArgument, tag)
 	}
-	return fmt.Errorf("%w: tag %q: template tags other than %q are not supported by Cube yet; build without tags, or with the tag %q",
-		errdefs.ErrInvalidArgument, tag, DefaultTag, DefaultTag)
+	return t, nil
+}
+
+// normTags normalizes tags, dropping duplicates, in their first order.
+func normTags(tags []string) ([]string, error) {
+	out := make([]string, 0, len(tags))
+	for _, t := range tags {
+		n, err := normTag(t)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // ParseBuildName parses the name and extra tags of POST /v3/templates into
-// the template name and the tags the build gets (always ["default"]).
+// the template name and the tags the build gets once it is ready: the
+// name's tag and the extra ones, or DefaultTag when neither gives one.
 func ParseBuildName(name string, tags []string) (string, []string, error) {
 	n, err := ParseName(name)
 	if err != nil {
@@ -92,12 +137,22 @@ func ParseBuildName(name string, tags []string) (string, []string, error) {
 		return "", nil, fmt.Errorf("%w: template name %q has the form %s<16 hex digits>, reserved for images imported by builds; choose another name",
 			errdefs.ErrInvalidArgument, n, ImagePrefix)
 	}
-	for _, t := range tags {
-		if err := checkTag(strings.ToLower(strings.TrimSpace(t))); err != nil {
-			return "", nil, err
-		}
+	if IsBuildTemplate(n) {
+		return "", nil, fmt.Errorf("%w: template name %q has the form %s<32 hex digits>, reserved for the results of tagged builds; choose another name",
+			errdefs.ErrInvalidArgument, n, BuildPrefix)
 	}
-	return n, []string{DefaultTag}, nil
+	var all []string
+	if _, tag, hasTag := strings.Cut(strings.TrimSpace(name), ":"); hasTag {
+		all = append(all, tag)
+	}
+	out, err := normTags(append(all, tags...))
+	if err != nil {
+		return "", nil, err
+	}
+	if len(out) == 0 {
+		out = []string{DefaultTag}
+	}
+	return n, out, nil
 }
 
 // newUUID returns a random (version 4) UUID, the shape of E2B build ids.

@@ -63,7 +63,11 @@ func ParseParent(spec BuildSpec) (Parent, error) {
 	case spec.FromTemplate != "" && spec.FromImage != "":
 		return Parent{}, fmt.Errorf("%w: give fromTemplate or fromImage, not both", errdefs.ErrInvalidArgument)
 	case spec.FromTemplate != "":
-		n, err := ParseName(spec.FromTemplate)
+		// name:tag stays whole; StartBuild resolves it (tags.go).
+		n, tag, err := ParseRef(spec.FromTemplate)
+		if err == nil && tag != DefaultTag {
+			n += ":" + tag
+		}
 		return Parent{Template: n}, err
 	}
 	img := strings.TrimSpace(spec.FromImage)

@@ -53,11 +53,18 @@ type runner struct {
 }
 
 // run runs a started build to its end and records the outcome. It owns
-// the build: the status changes only here (or at a restart).
+// the build: the status changes only here, or in another replica that
+// found its heartbeats stopped (liveness.go).
 func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BuildTimeout)
+	lctx, lost := context.WithCancelCause(s.ctx)
+	defer lost(nil)
+	ctx, cancel := context.WithTimeout(lctx, s.cfg.BuildTimeout)
 	defer cancel()
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	defer stopHeartbeat()
+	go s.heartbeat(hctx, b.ID, lost)
 	start := time.Now()
+	s.cfg.Metrics.buildStarted()
 	r := &runner{deps: s.deps(b.ID), target: Target{Name: b.Template, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB},
 		buildID: b.ID, from: from, parent: from.Template, spec: spec}
 	blog := newBuildLog(s.cfg.Store, b.ID, s.log)
@@ -74,6 +81,8 @@ func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
 			se = &stepError{step: stepBase, msg: err.Error()}
 		}
 		switch {
+		case errors.Is(context.Cause(lctx), errLostBuild):
+			se.msg = interruptedReason + " (" + errLostBuild.Error() + ")"
 		case s.ctx.Err() != nil:
 			se.msg = "interrupted: the server stopped during the build; start the build again"
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -85,12 +94,14 @@ func (s *Service) run(b store.TemplateBuild, from Parent, spec BuildSpec) {
 		r.log.infof(stepFinalize, "build finished in %s", time.Since(start).Round(time.Millisecond))
 	}
 	blog.close()
+	stopHeartbeat()
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer fcancel()
 	if _, err := s.cfg.Store.FinishTemplateBuild(fctx, b.ID, status, reason); err != nil {
 		s.log.Error("record the end of a template build", "build", b.ID, "err", err)
 	}
 	s.log.Info("template build finished", "build", b.ID, "template", b.Template, "status", status, "duration", time.Since(start))
+	s.cfg.Metrics.buildFinished(err, lctx, time.Since(start))
 }
 
 func (r *runner) waitSlot(ctx context.Context, slots chan struct{}) error {
@@ -135,6 +146,7 @@ func (r *runner) build(ctx context.Context) (err error) {
 	for i := range cached {
 		r.log.infof(strconv.Itoa(i+1), "[%d/%d] %s", i+1, n, steps[i].describe())
 		r.log.infof(strconv.Itoa(i+1), "step %d: cached", i+1)
+		r.metrics.stepDone(steps[i].Type, true, 0)
 	}
 	id, err := r.sandboxes.CreateBuildSandbox(ctx, from, r.target.CPUCount, r.target.MemoryMB)
 	if err != nil {
@@ -165,9 +177,11 @@ func (r *runner) build(ctx context.Context) (err error) {
 	for i := cached; i < n; i++ {
 		label := strconv.Itoa(i + 1)
 		r.log.infof(label, "[%d/%d] %s", i+1, n, steps[i].describe())
+		stepStart := time.Now()
 		if err := r.step(ctx, label, steps[i]); err != nil {
 			return err
 		}
+		r.metrics.stepDone(steps[i].Type, false, time.Since(stepStart))
 		if steps[i].Type == StepEnv {
 			continue // no filesystem change: the next commit carries the env
 		}
@@ -187,14 +201,21 @@ func (r *runner) build(ctx context.Context) (err error) {
 		r.log.add(levelDebug, label, "cached as "+name)
 	}
 	d := nodeproto.TemplateDefaults{Env: r.st.Env, Workdir: r.st.Workdir, User: r.st.User, StartCmd: r.spec.StartCmd, ReadyCmd: r.spec.ReadyCmd}
-	if r.checkTarget != nil {
-		if err := r.checkTarget(ctx, r.target.Name); err != nil {
+	if r.finalTarget != nil {
+		name, err := r.finalTarget(ctx, r.parent)
+		if err != nil {
 			return failf(stepFinalize, "%v", err)
 		}
+		r.target.Name = name
 	}
 	r.log.infof(stepFinalize, "committing template %s", r.target.Name)
 	if err := r.commit(ctx, r.target.Name, r.target.CPUCount, r.target.MemoryMB, d); err != nil {
 		return failf(stepFinalize, "commit template %s: %v", r.target.Name, err)
+	}
+	if r.committed != nil {
+		if err := r.committed(ctx, r.target.Name); err != nil {
+			return failf(stepFinalize, "tag template %s: %v", r.target.Name, err)
+		}
 	}
 	return nil
 }
@@ -279,7 +300,7 @@ func (r *runner) copy(ctx context.Context, label string, st Step) error {
 	if r.files == nil {
 		return failf(label, "step %s: COPY needs uploaded files, which builds without the template API have none of", label)
 	}
-	f, err := r.files.open(st.FilesHash)
+	f, err := r.files.open(ctx, st.FilesHash)
 	if err != nil {
 		return failf(label, "step %s: %v", label, err)
 	}

@@ -48,7 +48,7 @@ func startEnvd(t *testing.T) (url, token string) {
 
 func (f *fixture) upload(t *testing.T, hash string, entries ...entry) {
 	t.Helper()
-	if err := f.svc.files.put(hash, bytes.NewReader(makeTar(t, true, entries...))); err != nil {
+	if err := f.svc.files.put(context.Background(), hash, bytes.NewReader(makeTar(t, true, entries...))); err != nil {
 		t.Fatal(err)
 	}
 }

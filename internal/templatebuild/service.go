@@ -7,8 +7,11 @@
 // A build: POST /v3/templates (RequestBuild: a build record, "waiting"),
 // uploads of the COPY archives (FileLink, PutFile), POST /v2/.../builds/{id}
 // (StartBuild: validated, then run by a goroutine), and status polls
-// (Status: status and log entries by offset). Builds and logs live in the
-// control-plane store; a build interrupted by a restart is marked failed.
+// (Status: status and log entries by offset). Builds, logs and uploaded
+// files live in the control-plane store, so every replica of the server
+// answers for every build. The replica running a build owns it and
+// heartbeats its record; any replica fails a build whose owner stopped
+// (liveness.go).
 // A build fromImage (other than E2B's default image, which is `base`) first
 // imports the image as a template through Config.Images and starts from it.
 package templatebuild
@@ -21,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -72,13 +76,18 @@ type Store interface {
 	GetTemplateBuild(ctx context.Context, id string) (store.TemplateBuild, error)
 	ListTemplateBuilds(ctx context.Context, template string) ([]store.TemplateBuild, error)
 	UnfinishedTemplateBuilds(ctx context.Context) ([]store.TemplateBuild, error)
-	StartTemplateBuild(ctx context.Context, id string) error
+	StartTemplateBuild(ctx context.Context, id, owner string) error
+	HeartbeatTemplateBuild(ctx context.Context, id, owner string, at time.Time) (bool, error)
+	FailStaleTemplateBuild(ctx context.Context, id string, staleBefore time.Time, reason string) (bool, error)
 	SetTemplateBuildSandbox(ctx context.Context, id, sandboxID string) error
 	FinishTemplateBuild(ctx context.Context, id string, status store.BuildStatus, reason string) (bool, error)
 	DeleteTemplateBuilds(ctx context.Context, template string) error
 	AppendTemplateBuildLogs(ctx context.Context, buildID string, first int, entries []store.BuildLogEntry) error
 	TemplateBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]store.BuildLogEntry, error)
 	ListSandboxes(ctx context.Context, f store.ListFilter) (store.Page, error)
+	SharedSecret(ctx context.Context, name string, candidate []byte) ([]byte, error)
+	FileStore
+	TagStore // tags.go
 }
 
 var _ Store = (store.Store)(nil)
@@ -101,12 +110,29 @@ type Config struct {
 	Store     Store
 	Sandboxes Sandboxes
 	Templates Templates
-	// FilesDir holds the uploaded COPY archives, usually
-	// <data dir>/template-files.
+	// FilesDir spools uploads of COPY archives before they go to the
+	// store, usually <data dir>/template-files (where earlier versions
+	// kept the uploads; New moves those into the store).
 	FilesDir string
-	// Secret signs upload URLs. Empty = a random secret per process: the
-	// URLs then stop working at a restart, and replicas don't share them.
+	// Secret signs upload URLs. Empty = the store's shared secret
+	// UploadSecretName, made once by the first replica.
 	Secret []byte
+	// Instance names this server among the replicas (stable across its
+	// restarts, e.g. host name and data dir); a build is owned by
+	// Instance plus a random id of this process. At start, builds owned
+	// by an earlier process of the same instance fail at once; builds of
+	// other instances only when their owner stops heartbeating.
+	// Empty = the host name.
+	Instance string
+	// HeartbeatEvery is how often the owner of a running build marks it
+	// alive and every replica looks for builds whose owner stopped
+	// (DefaultHeartbeatEvery); StaleAfter how long without a heartbeat
+	// fails a build (DefaultStaleAfter).
+	HeartbeatEvery time.Duration
+	StaleAfter     time.Duration
+	// Clock is the time of heartbeats, staleness, upload URL expiry and
+	// collection; nil = time.Now.
+	Clock func() time.Time
 	// PublicURL is the base of upload URLs (e.g. https://cube.example.com);
 	// empty = taken from each request (scheme and Host, see baseURL).
 	PublicURL string
@@ -119,6 +145,8 @@ type Config struct {
 	UploadURLTTL time.Duration
 	// BuildTimeout bounds one build (DefaultBuildTimeout).
 	BuildTimeout time.Duration
+	// Metrics, when set, counts builds, steps and uploads (metrics.go).
+	Metrics *Metrics
 	// Images imports the container images of builds fromImage; nil
 	// refuses them (400), except E2B's default image, which is `base`.
 	Images Images
@@ -137,6 +165,8 @@ type Service struct {
 	files fileStore
 	slots chan struct{}
 	now   func() time.Time
+	// owner is this process among the replicas (Instance#random).
+	owner string
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -146,8 +176,10 @@ type Service struct {
 	gcMu sync.RWMutex
 }
 
-// New returns a build service and marks the builds a previous run left
-// waiting or building as failed (killing their build sandboxes).
+// New returns a build service. It fails at once the builds an earlier
+// process of this instance left building (killing their build sandboxes),
+// and from then on, every HeartbeatEvery, the builds of any replica whose
+// owner stopped heartbeating.
 func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Store == nil || cfg.Sandboxes == nil || cfg.Templates == nil || cfg.FilesDir == "" {
 		return nil, errors.New("templatebuild: Store, Sandboxes, Templates and FilesDir are required")
@@ -156,8 +188,21 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		cfg.Logger = slog.Default()
 	}
 	if len(cfg.Secret) == 0 {
-		cfg.Secret = make([]byte, 32)
-		_, _ = rand.Read(cfg.Secret)
+		candidate := make([]byte, 32)
+		_, _ = rand.Read(candidate)
+		secret, err := cfg.Store.SharedSecret(ctx, UploadSecretName, candidate)
+		if err != nil {
+			return nil, fmt.Errorf("template builds: upload URL key: %w", err)
+		}
+		cfg.Secret = secret
+	}
+	if cfg.Instance == "" {
+		cfg.Instance, _ = os.Hostname()
+	}
+	cfg.HeartbeatEvery = orDefault(cfg.HeartbeatEvery, DefaultHeartbeatEvery)
+	cfg.StaleAfter = orDefault(cfg.StaleAfter, DefaultStaleAfter)
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	cfg.MaxConcurrent = orDefault(cfg.MaxConcurrent, DefaultMaxConcurrent)
 	cfg.MaxUploadBytes = orDefault(cfg.MaxUploadBytes, DefaultMaxUploadBytes)
@@ -170,15 +215,21 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "templatebuild"),
-		files: fileStore{dir: cfg.FilesDir, maxBytes: cfg.MaxUploadBytes},
+		files: fileStore{st: cfg.Store, dir: cfg.FilesDir, maxBytes: cfg.MaxUploadBytes},
 		slots: make(chan struct{}, cfg.MaxConcurrent),
-		now:   time.Now,
+		now:   cfg.Clock,
+		owner: cfg.Instance + "#" + newUUID()[:8],
 	}
 	s.ctx, s.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if err := s.recoverInterrupted(ctx); err != nil {
+	if err := s.files.importLocal(ctx); err != nil {
+		s.log.Warn("move uploads of an earlier version into the store", "dir", cfg.FilesDir, "err", err)
+	}
+	if err := s.failStale(ctx); err != nil {
 		s.cancel()
 		return nil, err
 	}
+	s.wg.Add(1)
+	go s.staleLoop()
 	if cfg.CollectEvery > 0 {
 		s.wg.Add(1)
 		go s.collectLoop()
@@ -198,31 +249,6 @@ func orDefault[T int | int64 | time.Duration](v, d T) T {
 func (s *Service) Close() error {
 	s.cancel()
 	s.wg.Wait()
-	return nil
-}
-
-// interruptedReason is the failure of a build a restart cut short.
-const interruptedReason = "interrupted: the server restarted during the build; start the build again"
-
-// recoverInterrupted fails every build a previous process left unfinished;
-// no goroutine of this process runs them.
-func (s *Service) recoverInterrupted(ctx context.Context) error {
-	builds, err := s.cfg.Store.UnfinishedTemplateBuilds(ctx)
-	if err != nil {
-		return fmt.Errorf("recover template builds: %w", err)
-	}
-	for _, b := range builds {
-		if b.SandboxID != "" {
-			if err := s.cfg.Sandboxes.KillSandbox(ctx, b.SandboxID); err != nil {
-				s.log.Warn("kill the sandbox of an interrupted build", "build", b.ID, "sandbox", b.SandboxID, "err", err)
-			}
-			_ = s.cfg.Store.SetTemplateBuildSandbox(ctx, b.ID, "")
-		}
-		if _, err := s.cfg.Store.FinishTemplateBuild(ctx, b.ID, store.BuildError, reasonJSON(Reason{Message: interruptedReason})); err != nil {
-			return fmt.Errorf("recover template build %s: %w", b.ID, err)
-		}
-		s.log.Info("marked an interrupted template build failed", "build", b.ID, "template", b.Template)
-	}
 	return nil
 }
 

@@ -19,7 +19,8 @@ func TestParseName(t *testing.T) {
 		{in: "  My-Tpl ", want: "my-tpl"},
 		{in: "my-tpl:default", want: "my-tpl"},
 		{in: "my_tpl.v2", want: "my_tpl.v2"},
-		{in: "my-tpl:v1", errHas: "not supported by Cube yet"},
+		{in: "my-tpl:v1", want: "my-tpl"},
+		{in: "my-tpl:0f8fad5b-d9cb-469f-a165-70867728950e", errHas: "cannot be a UUID"},
 		{in: "my-tpl:Bad Tag", errHas: "must match"},
 		{in: "team/my-tpl", errHas: "namespaced"},
 		{in: "", errHas: "empty"},
@@ -47,8 +48,23 @@ func TestParseBuildName(t *testing.T) {
 	if _, tags, err := ParseBuildName("web:default", []string{"default", " DEFAULT "}); err != nil || len(tags) != 1 {
 		t.Fatalf("default tags: %q %v", tags, err)
 	}
-	if _, _, err := ParseBuildName("web", []string{"prod"}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `"prod"`) {
-		t.Fatalf("extra tag: %v", err)
+	// The name's tag and the extra ones, deduplicated in order; no
+	// default unless asked for.
+	if _, tags, err := ParseBuildName("web:V1", []string{"prod", "v1", " Stable "}); err != nil || strings.Join(tags, ",") != "v1,prod,stable" {
+		t.Fatalf("tags: %q %v", tags, err)
+	}
+	if _, tags, err := ParseBuildName("web", []string{"prod", "default"}); err != nil || strings.Join(tags, ",") != "prod,default" {
+		t.Fatalf("extra tags: %q %v", tags, err)
+	}
+	if _, tags, err := ParseBuildName("web", []string{}); err != nil || strings.Join(tags, ",") != "default" {
+		t.Fatalf("empty extra tags: %q %v", tags, err)
+	}
+	if _, _, err := ParseBuildName("web", []string{"bad tag"}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), `"bad tag"`) {
+		t.Fatalf("bad extra tag: %v", err)
+	}
+	if _, _, err := ParseBuildName(BuildTemplate("0f8fad5b-d9cb-469f-a165-70867728950e"), nil); !errors.Is(err, errdefs.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "reserved for the results of tagged builds") {
+		t.Fatalf("per-build template name: %v", err)
 	}
 	if _, _, err := ParseBuildName("buildcache-0123", nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("reserved name: %v", err)
@@ -69,7 +85,8 @@ func TestParseParent(t *testing.T) {
 		{spec: BuildSpec{FromImage: "index.docker.io/e2bdev/base:latest", FromImageRegistry: creds}, want: Parent{Template: "base"}},
 		{spec: BuildSpec{FromTemplate: "web"}, want: Parent{Template: "web"}},
 		{spec: BuildSpec{FromTemplate: "web:default"}, want: Parent{Template: "web"}},
-		{spec: BuildSpec{FromTemplate: "web:v2"}, errHas: "not supported"},
+		{spec: BuildSpec{FromTemplate: " Web:V2"}, want: Parent{Template: "web:v2"}}, // StartBuild resolves the tag
+		{spec: BuildSpec{FromTemplate: "web:bad tag"}, errHas: "must match"},
 		{spec: BuildSpec{FromImage: "ubuntu", FromTemplate: "web"}, errHas: "not both"},
 		// Any other image is imported by the build.
 		{spec: BuildSpec{FromImage: "ubuntu:22.04"}, want: Parent{Image: "ubuntu:22.04"}},

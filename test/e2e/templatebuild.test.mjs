@@ -112,6 +112,56 @@ describe('template builds', { timeout: 900_000 }, () => {
     assert.equal(await Template.exists(`${NAME}-fails`), false)
   })
 
+  test('tags: name:tag builds, sandboxes of a tag, assignTags, removeTags, getTags', async () => {
+    const name = `${NAME}-tags`
+    const marker = (what) => Template().fromTemplate('base').runCmd(`echo ${what}-${RUN_ID} > /etc/tag-marker`, { user: 'root' })
+    const v1 = await Template.build(marker('v1'), `${name}:v1`, { tags: ['prod'] })
+    assert.equal(v1.templateId, name)
+    assert.deepEqual([...v1.tags].sort(), ['prod', 'v1'])
+    const dflt = await Template.build(marker('default'), name)
+    assert.deepEqual(dflt.tags, ['default'])
+    const tagMap = async () => Object.fromEntries((await Template.getTags(name)).map((t) => [t.tag, t.buildId]))
+    assert.deepEqual(await tagMap(), { default: dflt.buildId, prod: v1.buildId, v1: v1.buildId })
+
+    // Each tag runs its own build's result.
+    const sbxs = []
+    const seen = async (template) => {
+      const sbx = await newSandbox({ template })
+      sbxs.push(sbx.sandboxId)
+      return (await sbx.commands.run('cat /etc/tag-marker')).stdout.trim()
+    }
+    try {
+      assert.equal(await seen(`${name}:v1`), `v1-${RUN_ID}`)
+      assert.equal(await seen(`${name}:prod`), `v1-${RUN_ID}`)
+      assert.equal(await seen(name), `default-${RUN_ID}`)
+      assert.equal(await seen(`${name}:default`), `default-${RUN_ID}`)
+
+      // assignTags points a tag at the build a name:tag names.
+      const assigned = await Template.assignTags(`${name}:v1`, 'stable')
+      assert.deepEqual(assigned, { buildId: v1.buildId, tags: ['stable'] })
+      assert.equal(await seen(`${name}:stable`), `v1-${RUN_ID}`)
+      assert.ok(await Template.exists(`${name}:stable`))
+      await Template.removeTags(name, ['prod'])
+      assert.deepEqual(await tagMap(), { default: dflt.buildId, stable: v1.buildId, v1: v1.buildId })
+      assert.equal(await Template.exists(`${name}:prod`), false)
+
+      // Unknown tags: a clear 404.
+      await assert.rejects(newSandbox({ template: `${name}:nope` }), (err) => {
+        assert.match(err.message, /^404: .*has no tag "nope" \(its tags: default, stable, v1\)/)
+        return true
+      })
+      await assert.rejects(Template.assignTags(`${name}:nope`, ['x']), /404: .*no tag "nope"/)
+      await assert.rejects(Template.removeTags(name, 'nope'), /404: .*no tag nope/)
+      await assert.rejects(Template.removeTags(name, 'default'), /400: .*cannot be removed/)
+    } finally {
+      await Promise.all(sbxs.map(killQuietly))
+    }
+    const del = await fetch(`${process.env.E2B_API_URL}/templates/${name}`, { method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+    assert.equal(del.status, 204, await del.text())
+    assert.equal(await Template.exists(name), false)
+    assert.equal(await Template.exists(`${name}:v1`), false)
+  })
+
   test('the e2b CLI lists and deletes templates', async () => {
     const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: mkdtempSync(join(tmpdir(), 'cube-cli-home-')) }
     const cli = (...args) => run(join(import.meta.dirname, 'node_modules', '.bin', 'e2b'), args, { env })

@@ -71,6 +71,20 @@ func TestMetricsOfCubeUp(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
+	// The store timed the creates' records (a transaction each), the
+	// kill's delete and the API key check (cached after the first).
+	for _, c := range []struct {
+		op, outcome string
+		atLeast     float64
+	}{
+		{"tx_insert_sandboxes", "ok", 2},
+		{"delete_sandboxes", "ok", 1},
+		{"select_api_keys", "ok", 1},
+	} {
+		if got := m.Value("cube_store_query_duration_seconds", "operation", c.op, "outcome", c.outcome); got < c.atLeast {
+			t.Errorf("cube_store_query_duration_seconds{operation=%q,outcome=%q} = %v, want >= %v", c.op, c.outcome, got, c.atLeast)
+		}
+	}
 	// The scheduler's count catches up with a kill at the next recount
 	// (the node's heartbeat, every 2 s).
 	for deadline := time.Now().Add(10 * time.Second); m.Value("cube_node_sandboxes", "node", "local") != 1; m = scrape(t, n, metricsAddr) {

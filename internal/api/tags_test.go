@@ -1,0 +1,221 @@
+package api
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cube-dev/cube/internal/master"
+	"github.com/cube-dev/cube/internal/proxy"
+	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/template"
+	"github.com/cube-dev/cube/internal/templatebuild"
+)
+
+// regNode is a listenNode whose templates are those of a real registry.
+type regNode struct {
+	*listenNode
+	reg *template.Registry
+}
+
+func (n regNode) Template(ctx context.Context, name string) (master.TemplateInfo, error) {
+	t, err := n.reg.Get(ctx, name)
+	if err != nil {
+		return master.TemplateInfo{}, err
+	}
+	return master.TemplateInfo{Name: t.Name, CPUCount: 1, MemoryMB: 512, DiskSizeMB: 1024}, nil
+}
+
+// newTagsEnv serves cube-api with a master (sandboxes are local HTTP
+// servers) and a build service over one SQLite store and registry.
+func newTagsEnv(t *testing.T) (*env, *template.Registry) {
+	t.Helper()
+	ctx := context.Background()
+	st, keys := openKeyStore(t, "test")
+	dir := t.TempDir()
+	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	svc, err := templatebuild.New(ctx, templatebuild.Config{Store: st, Sandboxes: noNodes{}, Templates: templatebuild.RegistryTemplates{Registry: reg},
+		FilesDir: filepath.Join(dir, "template-files"), Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	node := regNode{listenNode: newListenNode(), reg: reg}
+	m := master.New(st, node, master.Config{Domain: "cube.test", Logger: logger})
+	srv := httptest.NewServer(proxy.New(m, New(m, st, logger, WithTemplateBuilds(svc)), "cube.test"))
+	t.Cleanup(func() {
+		srv.Close()
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		m.Shutdown(sctx, true)
+		node.closeAll()
+	})
+	return &env{t: t, srv: srv, key: keys[0], st: st, m: m}, reg
+}
+
+func register(t *testing.T, reg *template.Registry, name string) {
+	t.Helper()
+	if _, err := reg.Register(context.Background(), name, template.Meta{Source: "test"}, func(ctx context.Context, rootfs string) error {
+		return os.WriteFile(filepath.Join(rootfs, "marker"), []byte(name), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Tags as SDK 2.51.0 calls them: build names with tags, assignTags,
+// removeTags, getTags, exists, Sandbox.create of name:tag, list, delete.
+func TestTemplateTagRoutes(t *testing.T) {
+	e, reg := newTagsEnv(t)
+	ctx := context.Background()
+	var created buildRequestedJSON
+	if r := e.do("POST", "/v3/templates", `{"name":"web:V1","tags":["prod","v1"]}`); r.status != http.StatusAccepted {
+		t.Fatalf("request a tagged build: %d %s", r.status, r.body)
+	} else if r.json(t, &created); created.TemplateID != "web" || strings.Join(created.Tags, ",") != "v1,prod" {
+		t.Fatalf("tagged build answer %s", r.body)
+	}
+	// What a ready build of it leaves: web (an earlier untagged build)
+	// and the tagged build's own template, with the tags pointing at it.
+	register(t, reg, "base")
+	register(t, reg, "web")
+	v1 := templatebuild.BuildTemplate(created.BuildID)
+	register(t, reg, v1)
+	if _, err := e.st.PutTemplateTags(ctx, "web", []string{"v1", "prod"}, created.BuildID, v1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.FinishTemplateBuild(ctx, created.BuildID, store.BuildReady, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	r := e.do("GET", "/templates/web/tags", "")
+	var tags []tagJSON
+	r.json(t, &tags)
+	if r.status != http.StatusOK || len(tags) != 3 || tags[0].Tag != "default" || tags[1].Tag != "prod" || tags[2].Tag != "v1" ||
+		tags[2].BuildID != created.BuildID || tags[2].CreatedAt.IsZero() {
+		t.Fatalf("tags: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/templates/nope/tags", ""); r.status != http.StatusNotFound || r.errCode(t) != 404 {
+		t.Errorf("tags of an unknown template: %d %s", r.status, r.body)
+	}
+
+	// assignTags: 201 with the build; unknown tag 404; no tags 400.
+	r = e.do("POST", "/templates/tags", `{"target":"web:v1","tags":["stable"]}`)
+	if r.status != http.StatusCreated || strings.TrimSpace(string(r.body)) != `{"buildID":"`+created.BuildID+`","tags":["stable"]}` {
+		t.Fatalf("assign: %d %s", r.status, r.body)
+	}
+	if r := e.do("POST", "/templates/tags", `{"target":"web:nope","tags":["x"]}`); r.status != http.StatusNotFound || r.errCode(t) != 404 ||
+		!strings.Contains(string(r.body), `has no tag \"nope\"`) {
+		t.Errorf("assign from an unknown tag: %d %s", r.status, r.body)
+	}
+	for body, status := range map[string]int{
+		`{"target":"web:v1","tags":[]}`:         http.StatusBadRequest,
+		`{"target":"web:v1","tags":["a b"]}`:    http.StatusBadRequest,
+		`{"target":"nope:v1","tags":["x"]}`:     http.StatusNotFound,
+		`{"target":"web:v1","tags":`:            http.StatusBadRequest,
+		`{"target":"Bad Name","tags":["x"]}`:    http.StatusBadRequest,
+		`{"target":"web:default","tags":["d"]}`: http.StatusCreated,
+	} {
+		if r := e.do("POST", "/templates/tags", body); r.status != status {
+			t.Errorf("assign %s: %d %s; want %d", body, r.status, r.body, status)
+		}
+	}
+
+	// exists (aliases) with tags.
+	if r := e.do("GET", "/templates/aliases/web%3Astable", ""); r.status != http.StatusOK || !strings.Contains(string(r.body), `"templateID":"web"`) {
+		t.Errorf("alias web:stable: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/templates/aliases/web%3Anope", ""); r.status != http.StatusNotFound {
+		t.Errorf("alias web:nope: %d %s", r.status, r.body)
+	}
+
+	// Sandbox.create of a tag runs the tag's template and records the
+	// name it was asked for; an unknown tag is a 404 naming the tags.
+	var sb sandboxJSON
+	if r := e.do("POST", "/sandboxes", `{"templateID":"web:stable"}`); r.status != http.StatusCreated {
+		t.Fatalf("create web:stable: %d %s", r.status, r.body)
+	} else if r.json(t, &sb); sb.TemplateID != v1 || sb.Alias != "web:stable" {
+		t.Fatalf("sandbox of web:stable: %s", r.body)
+	}
+	if rec, err := e.st.GetSandbox(ctx, sb.SandboxID); err != nil || rec.TemplateID != v1 || rec.Alias != "web:stable" {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+	if r := e.do("POST", "/sandboxes", `{"templateID":"web:nope"}`); r.status != http.StatusNotFound || r.errCode(t) != 404 ||
+		!strings.Contains(string(r.body), "its tags: d, default, prod, stable, v1") {
+		t.Errorf("create web:nope: %d %s", r.status, r.body)
+	}
+	var plain sandboxJSON
+	if r := e.do("POST", "/sandboxes", `{"templateID":"web"}`); r.status != http.StatusCreated {
+		t.Fatalf("create web: %d %s", r.status, r.body)
+	} else if r.json(t, &plain); plain.TemplateID != "web" || plain.Alias != "web" {
+		t.Fatalf("sandbox of web: %s", r.body)
+	}
+	if r := e.do("POST", "/sandboxes", `{"templateID":"nothing"}`); r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "not found") {
+		t.Errorf("create of an unknown template (as before tags): %d %s", r.status, r.body)
+	}
+
+	// removeTags: 204; all or nothing; not the default.
+	if r := e.do("DELETE", "/templates/tags", `{"name":"web","tags":["prod","d"]}`); r.status != http.StatusNoContent || len(r.body) != 0 {
+		t.Fatalf("remove: %d %s", r.status, r.body)
+	}
+	for body, status := range map[string]int{
+		`{"name":"web","tags":["prod"]}`:    http.StatusNotFound,
+		`{"name":"web","tags":["default"]}`: http.StatusBadRequest,
+		`{"name":"web:v1","tags":["v1"]}`:   http.StatusBadRequest,
+		`{"name":"nope","tags":["v1"]}`:     http.StatusNotFound,
+	} {
+		if r := e.do("DELETE", "/templates/tags", body); r.status != status {
+			t.Errorf("remove %s: %d %s; want %d", body, r.status, r.body, status)
+		}
+	}
+
+	// The list shows web once, never a per-build template.
+	var list []templateJSON
+	r = e.do("GET", "/templates", "")
+	r.json(t, &list)
+	if r.status != http.StatusOK || len(list) != 2 || list[0].TemplateID != "base" || list[1].TemplateID != "web" {
+		t.Fatalf("list: %d %s", r.status, r.body)
+	}
+
+	// Delete: whole templates only, refused while a tag's template runs.
+	if r := e.do("DELETE", "/templates/web%3Av1", ""); r.status != http.StatusBadRequest || !strings.Contains(string(r.body), "removeTags") {
+		t.Errorf("delete web:v1: %d %s", r.status, r.body)
+	}
+	kill := func(id string) {
+		t.Helper()
+		if r := e.do("DELETE", "/sandboxes/"+id, ""); r.status != http.StatusNoContent {
+			t.Fatalf("kill %s: %d %s", id, r.status, r.body)
+		}
+	}
+	kill(plain.SandboxID)
+	if r := e.do("DELETE", "/templates/web", ""); r.status != http.StatusConflict || !strings.Contains(string(r.body), sb.SandboxID) {
+		t.Fatalf("delete while in use: %d %s", r.status, r.body)
+	}
+	kill(sb.SandboxID)
+	if r := e.do("DELETE", "/templates/web", ""); r.status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	for _, name := range []string{"web", v1} {
+		if _, err := reg.Get(ctx, name); err == nil {
+			t.Errorf("%s stayed after the delete", name)
+		}
+	}
+	if r := e.do("POST", "/sandboxes", `{"templateID":"web:v1"}`); r.status != http.StatusNotFound {
+		t.Errorf("create of a deleted tag: %d %s", r.status, r.body)
+	}
+	// A template called "tags" is still deleted by DELETE /templates/tags
+	// without a body.
+	register(t, reg, "tags")
+	if r := e.do("DELETE", "/templates/tags", ""); r.status != http.StatusNoContent {
+		t.Fatalf("delete the template tags: %d %s", r.status, r.body)
+	}
+	if _, err := reg.Get(ctx, "tags"); err == nil {
+		t.Error("template tags stayed")
+	}
+}
