@@ -333,7 +333,15 @@ func TestShimsStartInHostMountNS(t *testing.T) {
 		if root, _ := mountns.IDOf(proc + "/root"); root != mustID(t, strings.TrimSuffix(host, "/ns/mnt")+"/root") {
 			t.Errorf("%s: supervisor's root is not the host's", name)
 		}
-		if id, _ := mountns.IDOf("/proc/" + strconv.Itoa(info.InitPID) + "/exe"); id != reaperID {
+		// With a user namespace pid 1 execs the reaper just after it
+		// releases envd: the create may return a moment before.
+		initExe := "/proc/" + strconv.Itoa(info.InitPID) + "/exe"
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if id, _ := mountns.IDOf(initExe); id == reaperID {
+				break
+			}
+		}
+		if id, _ := mountns.IDOf(initExe); id != reaperID {
 			t.Errorf("%s: sandbox init does not run the host's %s", name, reaper)
 		}
 	}

@@ -210,7 +210,15 @@ func TestShimsLeaveTheContainer(t *testing.T) {
 		if fileID(t, proc+"/root") != fileID(t, "/") {
 			t.Errorf("%s: supervisor's root is not the host's /", name)
 		}
-		if fileID(t, "/proc/"+strconv.Itoa(info.InitPID)+"/exe") != fileID(t, reaper) {
+		// With a user namespace pid 1 releases envd first and execs the
+		// reaper right after: envd can answer (and the create return)
+		// a moment before that exec.
+		initExe := "/proc/" + strconv.Itoa(info.InitPID) + "/exe"
+		deadline := time.Now().Add(5 * time.Second)
+		for fileID(t, initExe) != fileID(t, reaper) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if fileID(t, initExe) != fileID(t, reaper) {
 			t.Errorf("%s: sandbox init does not run the installer's cube-reaper", name)
 		}
 		if info.Version != oldVersion {
