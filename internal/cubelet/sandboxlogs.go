@@ -280,22 +280,8 @@ func readExit(dir string) (supervisor.ExitStatus, bool) {
 // initLogTail returns the last n bytes of the sandbox's init log (its pid
 // 1's and envd's stderr), from the start of a line.
 func initLogTail(dir string, n int64) string {
-	f, err := os.Open(filepath.Join(dir, nsrt.InitLog))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(fi.Size()-n, 0)
-	b := make([]byte, fi.Size()-off)
-	if _, err := f.ReadAt(b, off); err != nil {
-		return ""
-	}
-	s := string(b)
-	if off > 0 {
+	s, cut := nsrt.InitLogTail(dir, n)
+	if cut {
 		if i := strings.IndexByte(s, '\n'); i >= 0 {
 			s = s[i+1:]
 		}

@@ -265,19 +265,26 @@ func readSpec(stateDir string) (Spec, error) {
 
 // logTail returns the last n bytes of the init log, for error messages.
 func logTail(stateDir string, n int64) string {
+	s, _ := InitLogTail(stateDir, n)
+	return strings.TrimSpace(s)
+}
+
+// InitLogTail returns the last n bytes of the sandbox's init log (its pid
+// 1's and envd's stderr) in stateDir, and whether they start mid-file.
+func InitLogTail(stateDir string, n int64) (tail string, cut bool) {
 	f, err := os.Open(filepath.Join(stateDir, InitLog))
 	if err != nil {
-		return ""
+		return "", false
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return ""
+		return "", false
 	}
 	off := max(fi.Size()-n, 0)
 	b := make([]byte, fi.Size()-off)
 	if _, err := f.ReadAt(b, off); err != nil {
-		return ""
+		return "", false
 	}
-	return strings.TrimSpace(string(b))
+	return string(b), off > 0
 }
