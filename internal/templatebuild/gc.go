@@ -85,23 +85,13 @@ func (s *Service) CollectLeftovers(ctx context.Context, maxAge time.Duration) (C
 	return out, errors.Join(errs...)
 }
 
-// collectLoop collects leftovers every cfg.CollectEvery until Close.
-func (s *Service) collectLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.CollectEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		c, err := s.CollectLeftovers(s.ctx, s.cfg.LeftoverAge)
-		if err != nil {
-			s.log.Warn("collect build leftovers", "err", err)
-		}
-		if len(c.Templates)+len(c.Files) > 0 {
-			s.log.Info("collected build leftovers", "templates", c.Templates, "files", len(c.Files))
-		}
+// collectOnce collects leftovers once (every cfg.CollectEvery, see every).
+func (s *Service) collectOnce() {
+	c, err := s.CollectLeftovers(s.ctx, s.cfg.LeftoverAge)
+	if err != nil {
+		s.log.Warn("collect build leftovers", "err", err)
+	}
+	if len(c.Templates)+len(c.Files) > 0 {
+		s.log.Info("collected build leftovers", "templates", c.Templates, "files", len(c.Files))
 	}
 }

@@ -93,21 +93,29 @@ func (s *Service) failStale(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// staleLoop runs failStale every HeartbeatEvery until Close.
-func (s *Service) staleLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(s.cfg.HeartbeatEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := s.failStale(s.ctx); err != nil && s.ctx.Err() == nil {
-			s.log.Warn("look for abandoned template builds", "err", err)
-		}
+// failStaleOnce runs failStale once (every HeartbeatEvery, see every).
+func (s *Service) failStaleOnce() {
+	if err := s.failStale(s.ctx); err != nil && s.ctx.Err() == nil {
+		s.log.Warn("look for abandoned template builds", "err", err)
 	}
+}
+
+// every runs fn every d in its own goroutine until Close.
+func (s *Service) every(d time.Duration, fn func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+			}
+			fn()
+		}
+	}()
 }
 
 // heartbeat marks build id alive every HeartbeatEvery until ctx ends. When

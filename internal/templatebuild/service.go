@@ -228,11 +228,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.cancel()
 		return nil, err
 	}
-	s.wg.Add(1)
-	go s.staleLoop()
+	s.every(s.cfg.HeartbeatEvery, s.failStaleOnce)
 	if cfg.CollectEvery > 0 {
-		s.wg.Add(1)
-		go s.collectLoop()
+		s.every(cfg.CollectEvery, s.collectOnce)
 	}
 	return s, nil
 }
