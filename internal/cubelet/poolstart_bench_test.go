@@ -1,9 +1,6 @@
 package cubelet
 
 import (
-	"context"
-	"fmt"
-	"slices"
 	"testing"
 	"time"
 )
@@ -33,45 +30,11 @@ func BenchmarkCreateStartCmd(b *testing.B) {
 			if tc.startCmd {
 				setStartCmd(b, templates, "tiny", start, ready)
 			}
-			ctx := context.Background()
-			c, err := New(ctx, cfg, templates)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() {
-				c.stopPool()
-				c.DrainPool(ctx)
-				c.Close()
-			}()
-			var lat []time.Duration
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				for deadline := time.Now().Add(60 * time.Second); c.PoolSize() < tc.pool; time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						b.Fatalf("pool has %d slots, want %d", c.PoolSize(), tc.pool)
-					}
-				}
-				id := fmt.Sprintf("bench-%04d", i)
-				b.StartTimer()
-				begin := time.Now()
-				if _, err := c.CreateSandbox(ctx, createReq(id)); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(begin))
-				b.StopTimer()
+			benchCreates(b, cfg, templates, 60*time.Second, func(c *Cubelet, id string) {
 				if rec, _ := c.store.Get(id); tc.pool > 0 && rec.RuntimeID == id {
 					b.Fatalf("create %s ran cold with a full pool", id)
 				}
-				if err := c.KillSandbox(ctx, id); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-			}
-			slices.Sort(lat)
-			ms := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
-			b.ReportMetric(ms(0.5), "p50-ms")
-			b.ReportMetric(ms(0.9), "p90-ms")
+			})
 		})
 	}
 }
