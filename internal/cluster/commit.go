@@ -17,8 +17,9 @@ import (
 // sandbox as a template on the node that runs it, and records at once that
 // the node holds that template, so that creates of it are scheduled there
 // without waiting for the node's next heartbeat (which then reports the
-// same). The template exists on that node only: the server cannot ship it
-// to other nodes.
+// same). With a LayerStore the server then ships it to other nodes as its
+// base template plus layers (shipCommitted); otherwise it exists on that
+// node only.
 func (r *Registry) CommitSandbox(ctx context.Context, req nodeproto.CommitRequest) (nodeproto.Template, error) {
 	n, cl, err := r.liveClient(ctx, req.SandboxID)
 	if err != nil {
@@ -43,6 +44,7 @@ func (r *Registry) CommitSandbox(ctx context.Context, req nodeproto.CommitReques
 		// The template is made; the node's next heartbeat reports it.
 		r.log.Warn("record committed template", "node", n.rec.ID, "template", t.Name, "err", err)
 	}
+	r.shipCommitted(ctx, n, cl, t)
 	return t, nil
 }
 
@@ -76,8 +78,10 @@ func (r *Registry) NodeTemplates() []TemplateRef {
 
 // DeleteTemplate removes template name from every node that reports it
 // and from their records. A node running a sandbox of it refuses
-// (FailedPrecondition); the others have deleted theirs by then. It
-// returns errdefs.ErrNotFound when no node reports the template.
+// (FailedPrecondition); the others have deleted theirs by then. When all
+// holders deleted it, its store record goes too (the server no longer
+// ships it). It returns errdefs.ErrNotFound when no node reports the
+// template and the store has no record of it.
 func (r *Registry) DeleteTemplate(ctx context.Context, name string) error {
 	r.mu.Lock()
 	var holders []*node
@@ -88,6 +92,10 @@ func (r *Registry) DeleteTemplate(ctx context.Context, name string) error {
 	}
 	r.mu.Unlock()
 	if len(holders) == 0 {
+		// Maybe shipped as layers while its nodes are gone.
+		if recorded, err := r.forgetShipped(ctx, name); recorded || err != nil {
+			return err
+		}
 		return fmt.Errorf("template %q is on no node: %w", name, errdefs.ErrNotFound)
 	}
 	var errs []error
@@ -114,5 +122,11 @@ func (r *Registry) DeleteTemplate(ctx context.Context, name string) error {
 			r.log.Warn("record deleted template", "node", n.rec.ID, "template", name, "err", err)
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		// Some node keeps it (a sandbox of it runs there): so does the
+		// store, and the template stays whole.
+		return errors.Join(errs...)
+	}
+	_, err := r.forgetShipped(ctx, name)
+	return err
 }

@@ -45,7 +45,7 @@ func TestRestartedServerConfirmsNodes(t *testing.T) {
 	if err != nil || st.State != StatePending || !strings.Contains(st.Reason, "waiting for the node") {
 		t.Fatalf("restarted node before it registers: %+v, %v", st, err)
 	}
-	_, _, _, err = r.reserve("sb1", Request{Template: "base", CPU: 1, MemoryMB: 128}, true)
+	_, _, _, err = r.reserve("sb1", Request{Template: "base", CPU: 1, MemoryMB: 128}, supply{server: true})
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "n1: node is Pending") {
 		t.Fatalf("scheduling on a Pending node: %v", err)
 	}

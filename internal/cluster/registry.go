@@ -34,7 +34,14 @@ type Config struct {
 	Recent time.Duration
 	// Templates are the templates the server can ship to nodes that lack
 	// them (template distribution); nil when the server holds none.
-	Templates  TemplateSource
+	Templates TemplateSource
+	// Layers, when set, receives the top layer of every template committed
+	// on a node and its record, so that any node can make it (see
+	// shipCommitted); nil keeps committed templates on their node.
+	Layers LayerStore
+	// KeepOnNode names templates that stay on the node that committed
+	// them even when Layers is set (the template build step cache).
+	KeepOnNode func(name string) bool
 	HTTPClient *http.Client
 	// Connect returns the client that reaches a node; nil means the
 	// node's CubeletService over HTTP at its RPCURL with its token. An

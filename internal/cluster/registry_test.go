@@ -252,7 +252,7 @@ func TestRecountKeepsUnrecordedCreates(t *testing.T) {
 	if err := r.Register(ctx, rec("n1", "v0.5.0")); err != nil {
 		t.Fatal(err)
 	}
-	_, _, release, err := r.reserve("fresh", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	_, _, release, err := r.reserve("fresh", Request{Template: "base", CPU: 2, MemoryMB: 512}, supply{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestRecountKeepsUnrecordedCreates(t *testing.T) {
 		t.Fatalf("recorded: counted once? %+v", got)
 	}
 	// A failed create gives everything back.
-	_, _, release, _ = r.reserve("failed", Request{Template: "base", CPU: 2, MemoryMB: 512}, false)
+	_, _, release, _ = r.reserve("failed", Request{Template: "base", CPU: 2, MemoryMB: 512}, supply{})
 	release(false)
 	r.recount(ctx)
 	if got, _ := r.Node("n1"); got.Sandboxes != 1 || got.UsedCPU != 2 {

@@ -18,15 +18,15 @@ var (
 	_ master.NetworkUpdater = (*Registry)(nil)
 )
 
-// candidatesLocked snapshots the nodes for the scheduler; fetchable says
-// the server can ship the template to nodes that lack it.
-func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate {
+// candidatesLocked snapshots the nodes for the scheduler; sup says how
+// nodes that lack the template can get it.
+func (r *Registry) candidatesLocked(template string, sup supply) []Candidate {
 	out := make([]Candidate, 0, len(r.nodes))
 	for _, n := range r.nodes {
 		c := Candidate{
 			ID: n.rec.ID, State: n.state(), CPU: n.rec.Capacity.CPUCount, MemoryMB: n.rec.Capacity.MemoryMB,
 			MaxSBX: n.rec.Capacity.MaxSandboxes, MaxCreates: n.rec.Capacity.MaxCreates,
-			UsedCPU: n.usedCPU, UsedMemMB: n.usedMemMB, Sandboxes: n.count, Inflight: n.inflight, Fetchable: fetchable,
+			UsedCPU: n.usedCPU, UsedMemMB: n.usedMemMB, Sandboxes: n.count, Inflight: n.inflight,
 			MemReserveMB: n.rec.Capacity.MemoryReserveMB, Usage: n.usage,
 		}
 		for _, t := range n.rec.Templates {
@@ -34,6 +34,8 @@ func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate
 				c.HasTemplate = true
 			}
 		}
+		c.LayersHeld, c.LayersTotal = heldLayers(n.rec.Templates, sup.layers), len(sup.layers)
+		c.Fetchable = sup.fetchableBy(c.LayersHeld)
 		out = append(out, c)
 	}
 	return out
@@ -42,10 +44,10 @@ func (r *Registry) candidatesLocked(template string, fetchable bool) []Candidate
 // reserve picks a node for req and accounts for the sandbox at once, so
 // concurrent creates never oversubscribe a node. release(ok) ends the
 // in-flight create; on failure it returns the capacity.
-func (r *Registry) reserve(sandboxID string, req Request, fetchable bool) (*node, *nodeapi.Client, func(ok bool), error) {
+func (r *Registry) reserve(sandboxID string, req Request, sup supply) (*node, *nodeapi.Client, func(ok bool), error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	id, err := Pick(r.candidatesLocked(req.Template, fetchable), req)
+	id, err := Pick(r.candidatesLocked(req.Template, sup), req)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -126,7 +128,7 @@ func (r *Registry) reloadClient(ctx context.Context, n *node, old *nodeapi.Clien
 
 // CreateSandbox schedules a sandbox onto a node and creates it there.
 func (r *Registry) CreateSandbox(ctx context.Context, req nodeproto.CreateRequest) (nodeproto.Sandbox, error) {
-	tpl, fetchable, err := r.lookupTemplate(ctx, req.Template)
+	tpl, sup, err := r.lookupTemplate(ctx, req.Template)
 	if err != nil {
 		return nodeproto.Sandbox{}, err
 	}
@@ -142,7 +144,7 @@ func (r *Registry) CreateSandbox(ctx context.Context, req nodeproto.CreateReques
 	if err := r.Refresh(ctx); err != nil {
 		return nodeproto.Sandbox{}, err
 	}
-	n, cl, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, fetchable)
+	n, cl, release, err := r.reserve(req.SandboxID, Request{Template: req.Template, CPU: cpu, MemoryMB: int64(mem)}, sup)
 	if err != nil {
 		return nodeproto.Sandbox{}, err
 	}
@@ -283,27 +285,27 @@ func (r *Registry) Template(ctx context.Context, name string) (master.TemplateIn
 	return t, err
 }
 
-// lookupTemplate is Template, also reporting whether the server holds the
-// template (and can ship it to nodes that lack it).
-func (r *Registry) lookupTemplate(ctx context.Context, name string) (tpl master.TemplateInfo, fetchable bool, err error) {
+// lookupTemplate is Template, also reporting how nodes that lack the
+// template can get it from the server.
+func (r *Registry) lookupTemplate(ctx context.Context, name string) (tpl master.TemplateInfo, sup supply, err error) {
 	t, serr := r.serverTemplate(ctx, name)
 	if serr == nil {
-		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, true, nil
+		return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, r.supplyOf(ctx, t), nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, n := range r.nodes {
 		for _, t := range n.rec.Templates {
 			if t.Name == name {
-				return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, false, nil
+				return master.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, supply{}, nil
 			}
 		}
 	}
 	if !errors.Is(serr, errdefs.ErrNotFound) {
 		// e.g. a built-in template still being built (503, try again).
-		return master.TemplateInfo{}, false, serr
+		return master.TemplateInfo{}, supply{}, serr
 	}
-	return master.TemplateInfo{}, false, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
+	return master.TemplateInfo{}, supply{}, fmt.Errorf("template %q is on no node and not on the server: %w", name, errdefs.ErrNotFound)
 }
 
 func (r *Registry) serverTemplate(ctx context.Context, name string) (TemplateRef, error) {

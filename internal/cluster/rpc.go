@@ -57,7 +57,8 @@ func templatesFromProto(ts []*nodev1.Template) []TemplateRef {
 	}
 	out := make([]TemplateRef, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: int(t.CpuCount), MemoryMB: int(t.MemoryMb), DiskSizeMB: int(t.DiskSizeMb)})
+		out = append(out, TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: int(t.CpuCount), MemoryMB: int(t.MemoryMb), DiskSizeMB: int(t.DiskSizeMb),
+			Layers: t.Layers})
 	}
 	return out
 }

@@ -14,6 +14,10 @@ type Candidate struct {
 	State       State
 	HasTemplate bool // template present on the node
 	Fetchable   bool // the server can ship the template to the node
+	// LayersHeld of LayersTotal leading layers of the template's stack
+	// are on the node (a template it holds); only set for a template the
+	// server ships as layers, so only the missing ones travel.
+	LayersHeld, LayersTotal int
 	CPU         int  // schedulable vCPUs
 	MemoryMB    int64
 	MaxSBX      int
@@ -65,7 +69,8 @@ func Filter(cands []Candidate, req Request) (ok []Candidate, rejected map[string
 // Score ranks a feasible candidate: higher is better. Free capacity spreads
 // load across nodes; a node that already has the template wins over one
 // that would have to fetch it; creates in flight and CPU the node reports
-// busy count against a node.
+// busy count against a node. Short of the template, a node holding more
+// of its layer stack wins: it fetches less.
 func Score(c Candidate, req Request) float64 {
 	free := func(used, total int64) float64 {
 		if total <= 0 {
@@ -79,6 +84,8 @@ func Score(c Candidate, req Request) float64 {
 	s += 20 * free(int64(c.Sandboxes+c.Inflight+1), int64(c.MaxSBX))
 	if c.HasTemplate {
 		s += 50
+	} else if c.LayersTotal > 0 {
+		s += 40 * float64(c.LayersHeld) / float64(c.LayersTotal)
 	}
 	s -= 5 * float64(c.Inflight)
 	s -= 20 * c.Usage.cpuBusy()

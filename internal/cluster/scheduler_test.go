@@ -92,7 +92,7 @@ func TestReserveUnderConcurrency(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			n, _, release, err := r.reserve("sb"+string(rune('a'+i%26))+string(rune('a'+i/26)), Request{Template: "base", CPU: 2, MemoryMB: 256}, false)
+			n, _, release, err := r.reserve("sb"+string(rune('a'+i%26))+string(rune('a'+i/26)), Request{Template: "base", CPU: 2, MemoryMB: 256}, supply{})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -189,5 +189,45 @@ func TestScorePrefersIdleCPU(t *testing.T) {
 	idle.Usage = &NodeUsage{CPUs: 2, CPUUsedMilli: 100}
 	if got, _ := Pick([]Candidate{busy, idle}, req); got != "b" {
 		t.Errorf("got %s, want the idle node b", got)
+	}
+}
+
+// TestPickPrefersNodesHoldingLayers: short of a node holding the template,
+// the scheduler prefers the node holding more of its layer stack (it
+// fetches less), and a node holding none of it is fetchable only when the
+// server also ships the bottom layer's template.
+func TestPickPrefersNodesHoldingLayers(t *testing.T) {
+	stack := []string{"sha256:base", "sha256:mid", "sha256:top"}
+	refs := map[string][]TemplateRef{
+		"none":  nil,
+		"base":  {{Name: "base", Digest: "sha256:base"}},
+		"mid":   {{Name: "base", Digest: "sha256:base"}, {Name: "midtpl", Digest: "sha256:x", Layers: stack[:2]}},
+		// A sibling holds the bottom layer only inside its own rootfs.
+		"other": {{Name: "other", Digest: "sha256:other", Layers: []string{"sha256:base", "sha256:zzz"}}},
+	}
+	for ref, want := range map[string]int{"none": 0, "base": 1, "mid": 2, "other": 0} {
+		if got := heldLayers(refs[ref], stack); got != want {
+			t.Errorf("heldLayers(%s) = %d, want %d", ref, got, want)
+		}
+	}
+	cand := func(id string, held int) Candidate {
+		sup := supply{server: true, layers: stack}
+		return Candidate{ID: id, State: StateReady, CPU: 8, MemoryMB: 8192, LayersHeld: held, LayersTotal: len(stack), Fetchable: sup.fetchableBy(held)}
+	}
+	req := Request{Template: "top", CPU: 1, MemoryMB: 256}
+	// "b" sorts after "a" and has slightly less room: only its layers can win.
+	a, b := cand("a", 1), cand("b", 2)
+	b.UsedCPU = 1
+	if got, err := Pick([]Candidate{a, b}, req); err != nil || got != "b" {
+		t.Fatalf("Pick = %q, %v; want b (holds two of three layers)", got, err)
+	}
+	if _, err := Pick([]Candidate{cand("n", 0)}, req); err == nil {
+		t.Fatal("a node holding none of the stack was picked although the server lacks the base template")
+	}
+	if !(supply{server: true, layers: stack, baseOnServer: true}).fetchableBy(0) {
+		t.Fatal("with the base template on the server, a bare node can fetch the stack")
+	}
+	if (supply{}).fetchableBy(3) {
+		t.Fatal("a template the server does not ship is fetchable")
 	}
 }

@@ -45,6 +45,24 @@ type TemplateRef struct {
 	CPUCount   int    `json:"cpuCount"`
 	MemoryMB   int    `json:"memoryMB"`
 	DiskSizeMB int    `json:"diskSizeMB"`
+	// Layers are the digests of the template's layer stack, bottom first
+	// (docs/templates.md); empty from nodes of an older version, and for a
+	// flat template the server holds.
+	Layers []string `json:"layers,omitempty"`
+	// Base names the flat template whose digest is Layers[0], for a
+	// template the server ships as layers (a store record).
+	Base string `json:"base,omitempty"`
+}
+
+// chain is t's layer stack: its Layers, else its digest alone.
+func (t TemplateRef) chain() []string {
+	if len(t.Layers) > 0 {
+		return t.Layers
+	}
+	if t.Digest == "" {
+		return nil
+	}
+	return []string{t.Digest}
 }
 
 // DrainPolicy says what happens to a draining node's sandboxes after the

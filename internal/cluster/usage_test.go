@@ -37,13 +37,13 @@ func TestHeartbeatUsageReachesScheduler(t *testing.T) {
 	if st, _ := r.Node("n1"); st.Usage == nil || st.Usage.MemoryAvailableMB != 5000 || st.Usage.CPUUsedMilli != 250 {
 		t.Fatalf("node status usage %+v", st.Usage)
 	}
-	if _, _, release, err := r.reserve("sb1", req, false); err != nil {
+	if _, _, release, err := r.reserve("sb1", req, supply{}); err != nil {
 		t.Fatalf("room by usage, 2 vCPU on no nominal capacity: %v", err)
 	} else {
 		release(false)
 	}
 	beat(1005)
-	_, _, _, err := r.reserve("sb2", req, false)
+	_, _, _, err := r.reserve("sb2", req, supply{})
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "--memory-reserve-mb") {
 		t.Fatalf("reserve reached: %v", err)
 	}

@@ -2,6 +2,7 @@ package cubelet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -28,13 +29,21 @@ func (c *Cubelet) CommitSandbox(ctx context.Context, req nodeproto.CommitRequest
 	if err != nil {
 		return nodeproto.Template{}, err
 	}
-	return nodeproto.Template{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}, nil
+	out := nodeproto.Template{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
+		Layers: LayerDigests(t)}
+	if t.Defaults != nil {
+		if out.DefaultsJSON, err = json.Marshal(t.Defaults); err != nil {
+			return nodeproto.Template{}, fmt.Errorf("template %s defaults: %w", t.Name, err)
+		}
+	}
+	return out, nil
 }
 
 // Commit registers the filesystem of a running sandbox made with
 // WritableOnHost as the template req.Name (replacing one of that name):
 // a hard-link copy of the sandbox's template with the sandbox's overlay
-// upper dir applied on top (template.LinkTree, template.ApplyUpper). The
+// upper dir applied on top (template.LinkTree, template.ApplyUpper), which
+// the registry stores as a layer over the parent (Meta.Parent). The
 // sandbox is frozen while its upper dir is read and thawed after; it keeps
 // running. Sizes default to the parent template's, defaults are merged onto
 // the parent's (see mergeDefaults).
@@ -84,6 +93,7 @@ func (c *Cubelet) Commit(ctx context.Context, req nodeproto.CommitRequest) (temp
 		CPUCount: pick(req.CPUCount, parent.CPUCount), MemoryMB: pick(req.MemoryMB, parent.MemoryMB), DiskSizeMB: parent.DiskSizeMB,
 		Source:   fmt.Sprintf("commit:%s of %s", rec.ID, parent.Name),
 		Defaults: mergeDefaults(parent.Defaults, req.Defaults),
+		Parent:   &parent, // layered: the build's changes become <name>/layer
 	}
 	t, err := c.templates.Register(ctx, req.Name, meta, func(ctx context.Context, rootfs string) error {
 		// The parent's tree first, while the sandbox runs: only the

@@ -152,6 +152,13 @@ func testCommitSandbox(t *testing.T, mode nsrt.UserNSMode) {
 	if d, err := template.Digest(ctx, tm.RootfsPath); err != nil || d != tm.Digest {
 		t.Fatalf("digest of the new rootfs %s (%v), recorded %s", d, err, tm.Digest)
 	}
+	// Layered: the parent's one layer plus the build's (template.Meta.Parent).
+	if len(tm.Layers) != 2 || tm.Layers[0].Digest != parent.Digest {
+		t.Fatalf("committed layers %+v on parent %s", tm.Layers, parent.Digest)
+	}
+	if d, err := template.Digest(ctx, tm.TopLayerDir()); err != nil || d != tm.Layers[1].Digest {
+		t.Fatalf("top layer digest %s (%v), recorded %+v", d, err, tm.Layers[1])
+	}
 	if d, err := template.Digest(ctx, parent.RootfsPath); err != nil || d != parentDigest {
 		t.Fatalf("parent's digest changed: %s (%v), was %s", d, err, parentDigest)
 	}

@@ -17,6 +17,8 @@ import (
 // kinds (see FromConnect).
 type Client struct {
 	rpc nodev1connect.CubeletServiceClient
+	// local is the node agent of an in-process client, nil otherwise.
+	local Cubelet
 }
 
 // NewClient returns a client for the cubelet at baseURL that authenticates
@@ -26,13 +28,27 @@ func NewClient(hc *http.Client, baseURL, token string) *Client {
 		connect.WithInterceptors(bearer(token)))}
 }
 
-func bearer(token string) connect.UnaryInterceptorFunc {
-	return func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
+// bearer puts the node token on every call, unary and streaming (a
+// connect.UnaryInterceptorFunc would leave streams without it).
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, req)
 	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // Info asks the cubelet for its identity, capacity and templates (also the

@@ -47,12 +47,13 @@ func commitFromProto(p *nodev1.CommitSandboxRequest) nodeproto.CommitRequest {
 
 func templateToProto(t nodeproto.Template) *nodev1.Template {
 	return &nodev1.Template{Name: t.Name, Digest: t.Digest, CpuCount: int32(t.CPUCount), MemoryMb: int32(t.MemoryMB),
-		DiskSizeMb: int32(t.DiskSizeMB)}
+		DiskSizeMb: int32(t.DiskSizeMB), Layers: t.Layers, DefaultsJson: t.DefaultsJSON}
 }
 
 func templateFromProto(p *nodev1.Template) nodeproto.Template {
 	return nodeproto.Template{Name: p.GetName(), Digest: p.GetDigest(), CPUCount: int(p.GetCpuCount()),
-		MemoryMB: int(p.GetMemoryMb()), DiskSizeMB: int(p.GetDiskSizeMb())}
+		MemoryMB: int(p.GetMemoryMb()), DiskSizeMB: int(p.GetDiskSizeMb()), Layers: p.GetLayers(),
+		DefaultsJSON: p.GetDefaultsJson()}
 }
 
 // DeleteTemplate removes a template from the node.

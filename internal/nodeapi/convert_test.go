@@ -45,8 +45,9 @@ func TestCommitSurvivesTheWire(t *testing.T) {
 	if out := commitFromProto(&nodev1.CommitSandboxRequest{SandboxId: "x", Name: "y"}); !reflect.DeepEqual(out.Defaults, nodeproto.TemplateDefaults{}) {
 		t.Fatalf("no defaults came back as %+v", out.Defaults)
 	}
-	tpl := nodeproto.Template{Name: "built", Digest: "sha256:00ff", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024}
-	if out := templateFromProto(templateToProto(tpl)); out != tpl {
+	tpl := nodeproto.Template{Name: "built", Digest: "sha256:00ff", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
+		Layers: []string{"sha256:aa", "sha256:bb"}, DefaultsJSON: []byte(`{"env":{"A":"1"}}`)}
+	if out := templateFromProto(templateToProto(tpl)); !reflect.DeepEqual(out, tpl) {
 		t.Fatalf("template after the wire: %+v, want %+v", out, tpl)
 	}
 }

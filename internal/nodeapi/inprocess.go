@@ -8,5 +8,5 @@ package nodeapi
 // scheduler, node API) without a network hop. There is no bearer token:
 // nothing outside the process can reach this client.
 func NewInProcessClient(c Cubelet, info InfoFunc) *Client {
-	return &Client{rpc: &cubeletServer{c: c, info: info}}
+	return &Client{rpc: inProcessRPC{&cubeletServer{c: c, info: info}}, local: c}
 }

@@ -69,6 +69,12 @@ type Template struct {
 	CPUCount   int
 	MemoryMB   int
 	DiskSizeMB int
+	// Layers are the digests of the template's layer stack, bottom first
+	// (one, the Digest, for a flat template; none from older nodes).
+	Layers []string
+	// DefaultsJSON is the template's sandbox defaults as its template.json
+	// records them (nil for none); only commits report it.
+	DefaultsJSON []byte
 }
 
 // Sandbox is the live view of a sandbox on a node.

@@ -78,7 +78,7 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	// build sandboxes of this node (which exists only after New).
 	var started atomic.Pointer[cubelet.Cubelet]
 	builds := newNodeSandboxes(started.Load)
-	fetcher := nodeFetcher(ctx, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey}, builds, log)
+	fetcher := nodeFetcher(ctx, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey, Logger: log}, builds, log)
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
 		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolMemoryMB: cfg.PoolMemoryMB, PoolPrestart: cfg.PoolPrestart,
@@ -184,7 +184,7 @@ func templatesToProto(ts []template.Template) []*nodev1.Template {
 	out := make([]*nodev1.Template, 0, len(ts))
 	for _, t := range ts {
 		out = append(out, &nodev1.Template{Name: t.Name, Digest: t.Digest, CpuCount: int32(t.CPUCount),
-			MemoryMb: int32(t.MemoryMB), DiskSizeMb: int32(t.DiskSizeMB)})
+			MemoryMb: int32(t.MemoryMB), DiskSizeMb: int32(t.DiskSizeMB), Layers: cubelet.LayerDigests(t)})
 	}
 	return out
 }

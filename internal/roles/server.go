@@ -77,10 +77,18 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 	// Templates registered on the server (cube template create --data-dir
 	// <server data-dir>) are shipped to nodes that lack them.
 	templates := template.NewRegistry(cfg.DataDir)
+	// code-interpreter-v1 is built here on its first create; templates
+	// committed on nodes are shipped from their layers in the store.
+	source := newBuiltinSource(ctx, templates, nil, false, nil, log)
+	source.TemplateSource = templatedist.Source{Registry: templates, Layers: st}
 	reg := cluster.NewRegistry(cluster.Config{
 		ServerVersion: version.Version, DownAfter: cfg.DownAfter, Logger: log,
-		// code-interpreter-v1 is built here on its first create.
-		Templates: newBuiltinSource(ctx, templates, nil, false, nil, log),
+		Templates: source,
+		// Templates committed on a node (template builds) are copied into
+		// the store as layers, so that any node can run them; the step
+		// cache stays where it was made.
+		Layers:     st,
+		KeepOnNode: func(name string) bool { return strings.HasPrefix(name, templatebuild.CachePrefix) },
 	}, cluster.DocumentNodes{Docs: st}, st)
 	if err := reg.Load(ctx); err != nil {
 		return err
@@ -121,7 +129,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		admin := cluster.NewAdminHandler(reg, st)
 		mux.Handle("/nodes", admin)
 		mux.Handle("/nodes/", admin)
-		templatedist.Mount(mux, templatedist.Handler(templates, st))
+		templatedist.Mount(mux, templatedist.NewHandler(templates, st, st))
 	}
 	if hasRole(cfg.Roles, "api") {
 		opts := rateLimitOptions(cfg.RateLimits)

@@ -142,6 +142,52 @@ var migrations = []string{
 		seq      INTEGER NOT NULL,
 		PRIMARY KEY (build_id, tag)
 	);`,
+	// 8: layers and template records (layers.go, templaterecords.go).
+	// layers are content-addressed by the caller's digest and stored as
+	// template files are (a row per complete layer naming the upload whose
+	// chunks hold its bytes; used_at is bumped by a repeated put and by a
+	// record naming the layer, so the collector spares a layer being
+	// recorded). template_records are templates any node can fetch; their
+	// layer stacks are rows of template_record_layers, bottom first (seq
+	// 0), indexed by digest for the collector's "is it referenced" check.
+	// The created_at indexes let the collector find old orphan chunks
+	// without reading the chunks themselves.
+	`CREATE TABLE layers (
+		digest     TEXT PRIMARY KEY,
+		upload_id  TEXT NOT NULL,
+		size       BIGINT NOT NULL,
+		chunks     INTEGER NOT NULL,
+		created_at BIGINT NOT NULL,
+		used_at    BIGINT NOT NULL
+	);
+	CREATE TABLE layer_chunks (
+		upload_id  TEXT NOT NULL,
+		seq        INTEGER NOT NULL,
+		data       BYTEA NOT NULL,
+		created_at BIGINT NOT NULL,
+		PRIMARY KEY (upload_id, seq)
+	);
+	CREATE INDEX layer_chunks_created ON layer_chunks (created_at, upload_id);
+	CREATE INDEX template_file_chunks_created ON template_file_chunks (created_at, upload_id);
+	CREATE TABLE template_records (
+		name         TEXT PRIMARY KEY,
+		digest       TEXT NOT NULL,
+		base_name    TEXT NOT NULL DEFAULT '',
+		cpu_count    INTEGER NOT NULL DEFAULT 0,
+		memory_mb    INTEGER NOT NULL DEFAULT 0,
+		disk_size_mb INTEGER NOT NULL DEFAULT 0,
+		defaults     TEXT,
+		node         TEXT NOT NULL DEFAULT '',
+		created_at   BIGINT NOT NULL
+	);
+	CREATE TABLE template_record_layers (
+		template TEXT NOT NULL REFERENCES template_records (name) ON DELETE CASCADE,
+		seq      INTEGER NOT NULL,
+		digest   TEXT NOT NULL,
+		size     BIGINT NOT NULL DEFAULT 0,
+		PRIMARY KEY (template, seq)
+	);
+	CREATE INDEX template_record_layers_digest ON template_record_layers (digest);`,
 }
 
 // LatestSchemaVersion is the schema version this binary writes.

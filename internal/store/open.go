@@ -17,7 +17,8 @@ import (
 // Store is everything the server needs from the control-plane store:
 // sandbox records (master.Store), API keys (api.KeyVerifier and key
 // management), node documents (cluster), template builds and their logs
-// (templatebuild) and the schema version. SQLite and PostgreSQL implement it.
+// (templatebuild), layers and template records (cluster, templatedist) and
+// the schema version. SQLite and PostgreSQL implement it.
 type Store interface {
 	CreateSandbox(ctx context.Context, sb Sandbox) error
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
@@ -68,6 +69,15 @@ type Store interface {
 	PutTemplateTags(ctx context.Context, template string, tags []string, buildID, target string) ([]TemplateTag, error)
 	RemoveTemplateTags(ctx context.Context, template string, tags []string) ([]TemplateTag, error)
 	DeleteTemplateTags(ctx context.Context, template string) error
+	// Layers and template records (layers.go, templaterecords.go).
+	PutLayer(ctx context.Context, digest string, r io.Reader) (stored bool, err error)
+	OpenLayer(ctx context.Context, digest string) (io.ReadCloser, int64, error)
+	HasLayer(ctx context.Context, digest string) (bool, error)
+	PutTemplateRecord(ctx context.Context, rec TemplateRecord) error
+	GetTemplateRecord(ctx context.Context, name string) (TemplateRecord, error)
+	ListTemplateRecords(ctx context.Context) ([]TemplateRecord, error)
+	DeleteTemplateRecord(ctx context.Context, name string) error
+	DeleteUnusedLayers(ctx context.Context, olderThan time.Time) ([]string, error)
 
 	SchemaVersion(ctx context.Context) (int, error)
 	// RegisterMetrics registers the store's query metrics (metrics.go).

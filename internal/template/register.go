@@ -21,6 +21,10 @@ type Meta struct {
 	Source string
 	// Defaults of the template's sandboxes; nil for none.
 	Defaults *Defaults
+	// Parent, when set, is the template the new rootfs was made from (by
+	// LinkTree plus changes): Register then stores the difference as
+	// <name>/layer and sets Layers = Parent.LayerChain() + that layer.
+	Parent *Template
 }
 
 // Register registers template name from fill, which populates the empty
@@ -36,20 +40,38 @@ func (r *Registry) Register(ctx context.Context, name string, meta Meta, fill fu
 			if err := fill(ctx, rootfs); err != nil {
 				return "", err
 			}
-			// PrepareRootfs edits these in place: never through a hard
-			// link into another template (a LinkTree copy).
-			for _, f := range []string{"etc/passwd", "etc/group", "etc/shadow", "etc/gshadow"} {
-				if err := unshare(rootfs, f); err != nil {
-					return "", fmt.Errorf("prepare /%s: %w", f, err)
-				}
+			if err := unshareUserDBs(rootfs); err != nil {
+				return "", err
 			}
 			return meta.Source, nil
 		},
-		finish: func(_ context.Context, _ string, t *Template) error {
+		finish: func(ctx context.Context, rootfs string, t *Template) error {
 			t.CPUCount, t.MemoryMB, t.DiskSizeMB, t.Defaults = meta.CPUCount, meta.MemoryMB, meta.DiskSizeMB, meta.Defaults
+			if meta.Parent == nil {
+				return nil
+			}
+			// In the staging dir, after prepare: the layer is part of the
+			// atomic registration and holds what prepare changed too.
+			layers, err := writeTopLayer(ctx, *meta.Parent, rootfs)
+			if err != nil {
+				return err
+			}
+			t.Layers = layers
 			return nil
 		},
 	})
+}
+
+// unshareUserDBs gives rootfs its own copy of the user databases, which
+// PrepareRootfs edits in place: never through a hard link into another
+// template (a LinkTree copy, or a layer's inode).
+func unshareUserDBs(rootfs string) error {
+	for _, f := range []string{"etc/passwd", "etc/group", "etc/shadow", "etc/gshadow"} {
+		if err := unshare(rootfs, f); err != nil {
+			return fmt.Errorf("prepare /%s: %w", f, err)
+		}
+	}
+	return nil
 }
 
 // swapIn moves the complete staging directory to final. When a template is

@@ -5,6 +5,7 @@
 // Layout under Registry.Dir (usually <data-dir>/templates):
 //
 //	<name>/rootfs          read-only root filesystem (an overlayfs lowerdir)
+//	<name>/layer           a layered template's top layer (see layer.go)
 //	<name>/template.json   metadata (see Template)
 //	.tmp-<name>-<rand>/    a build in progress; removed by the next call for <name>
 //	.lock-<name>           flock serialising writers of <name>
@@ -64,6 +65,9 @@ type Template struct {
 	// Defaults of the sandboxes made from the template (from a container
 	// image's config); nil for templates without any.
 	Defaults *Defaults `json:"defaults,omitempty"`
+	// Layers is the full stack, bottom first, of a layered template (see
+	// LayerChain); empty for a flat template.
+	Layers []LayerRef `json:"layers,omitempty"`
 }
 
 // Registry stores templates on disk. The zero value is not usable: Dir must
@@ -272,6 +276,7 @@ func (r *Registry) buildSpec(ctx context.Context, name string, spec buildSpec) (
 		Source:     source,
 		Digest:     digest,
 		Defaults:   t.Defaults,
+		Layers:     t.Layers,
 	}
 	b, err := json.MarshalIndent(t, "", "  ")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -131,7 +132,7 @@ func TestImportDir(t *testing.T) {
 		t.Errorf("digest not deterministic: %s vs %s", tpl.Digest, tpl2.Digest)
 	}
 	got, err := r.Get(ctx, "small")
-	if err != nil || got != tpl {
+	if err != nil || !reflect.DeepEqual(got, tpl) {
 		t.Errorf("Get = %+v, %v; want %+v", got, err, tpl)
 	}
 	// A change in content changes the digest.

@@ -36,6 +36,31 @@ type Published struct {
 	CPUCount, MemoryMB, DiskSizeMB int
 	// Defaults are the template's sandbox defaults; nil for none.
 	Defaults *Defaults
+	// Layers is the template's full stack (bottom first) for a layered
+	// template; empty for a flat one.
+	Layers []LayerRef
+}
+
+// validatePublished checks the form of p's digests and sizes.
+func validatePublished(p Published) error {
+	if err := ValidateDigest(p.Digest); err != nil {
+		return err
+	}
+	if p.XattrDigest != "" {
+		if err := ValidateDigest(p.XattrDigest); err != nil {
+			return fmt.Errorf("xattr %w", err)
+		}
+	}
+	if p.CPUCount < 0 || p.MemoryMB < 0 || p.DiskSizeMB < 0 {
+		return fmt.Errorf("negative size (cpu %d, memory %d MB, disk %d MB): %w",
+			p.CPUCount, p.MemoryMB, p.DiskSizeMB, errdefs.ErrInvalidArgument)
+	}
+	for _, l := range p.Layers {
+		if err := ValidateDigest(l.Digest); err != nil {
+			return fmt.Errorf("layer %w", err)
+		}
+	}
+	return nil
 }
 
 // ImportStream registers a template called name from an uncompressed tar
@@ -49,17 +74,8 @@ type Published struct {
 // errdefs.ErrAlreadyExists), so a lazily opened rd costs nothing when
 // another caller won the race.
 func (r *Registry) ImportStream(ctx context.Context, name string, rd io.Reader, p Published) (Template, error) {
-	if err := ValidateDigest(p.Digest); err != nil {
+	if err := validatePublished(p); err != nil {
 		return Template{}, fmt.Errorf("import template %q: %w", name, err)
-	}
-	if p.XattrDigest != "" {
-		if err := ValidateDigest(p.XattrDigest); err != nil {
-			return Template{}, fmt.Errorf("import template %q: xattr %w", name, err)
-		}
-	}
-	if p.CPUCount < 0 || p.MemoryMB < 0 || p.DiskSizeMB < 0 {
-		return Template{}, fmt.Errorf("import template %q: negative size (cpu %d, memory %d MB, disk %d MB): %w",
-			name, p.CPUCount, p.MemoryMB, p.DiskSizeMB, errdefs.ErrInvalidArgument)
 	}
 	return r.registerSpec(ctx, name, buildSpec{
 		want: p.Digest,
@@ -70,15 +86,8 @@ func (r *Registry) ImportStream(ctx context.Context, name string, rd io.Reader, 
 			return StreamSource, nil
 		},
 		finish: func(ctx context.Context, rootfs string, t *Template) error {
-			if p.XattrDigest != "" {
-				got, err := XattrDigest(ctx, rootfs)
-				if err != nil {
-					return err
-				}
-				if got != p.XattrDigest {
-					return fmt.Errorf("template %q: imported xattrs have digest %q, want %s (tampered, or this node's filesystem does not keep an xattr namespace the server's does; nothing registered): %w",
-						name, got, p.XattrDigest, errdefs.ErrConflict)
-				}
+			if err := checkXattrDigest(ctx, name, rootfs, p.XattrDigest); err != nil {
+				return err
 			}
 			t.CPUCount, t.MemoryMB, t.DiskSizeMB = p.CPUCount, p.MemoryMB, p.DiskSizeMB
 			t.Defaults = p.Defaults

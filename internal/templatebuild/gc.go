@@ -27,6 +27,10 @@ const (
 type Collected struct {
 	Templates []string // buildcache-* and image-* templates
 	Files     []string // hashes of uploaded COPY archives
+	// Layers are digests of template layers in the store that no template
+	// record references any more (a built template deleted or rebuilt;
+	// cluster mode ships built templates as layers).
+	Layers []string
 	// Skipped is set when builds were running: nothing was collected (a
 	// running build may be about to start from a cache template).
 	Skipped bool
@@ -36,7 +40,8 @@ type Collected struct {
 // step-cache templates (buildcache-*) and imported image templates
 // (image-*) created more than maxAge ago that no sandbox uses, and
 // uploaded COPY archives unused (not uploaded, linked or built with) for
-// maxAge. Templates built from them keep working: a built template is a
+// maxAge, and stored template layers no record has referenced for an
+// hour. Templates built from them keep working: a built template is a
 // full copy sharing file data by hard links. It does nothing while builds
 // run on any replica (Skipped). Every replica collects: each removal is
 // idempotent (a template gone already is no error, a file is removed only
@@ -82,6 +87,11 @@ func (s *Service) CollectLeftovers(ctx context.Context, maxAge time.Duration) (C
 	files, err := s.cfg.Store.DeleteUnusedTemplateFiles(ctx, cutoff, s.now().Add(-orphanChunkAge))
 	errs = append(errs, err)
 	out.Files = files
+	// A layer is recorded right after it is stored: an hour unreferenced
+	// means its template is gone (or its record was never written).
+	layers, err := s.cfg.Store.DeleteUnusedLayers(ctx, s.now().Add(-orphanChunkAge))
+	errs = append(errs, err)
+	out.Layers = layers
 	return out, errors.Join(errs...)
 }
 
@@ -91,7 +101,7 @@ func (s *Service) collectOnce() {
 	if err != nil {
 		s.log.Warn("collect build leftovers", "err", err)
 	}
-	if len(c.Templates)+len(c.Files) > 0 {
-		s.log.Info("collected build leftovers", "templates", c.Templates, "files", len(c.Files))
+	if len(c.Templates)+len(c.Files)+len(c.Layers) > 0 {
+		s.log.Info("collected build leftovers", "templates", c.Templates, "files", len(c.Files), "layers", len(c.Layers))
 	}
 }

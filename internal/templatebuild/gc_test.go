@@ -60,6 +60,17 @@ func TestCollectLeftovers(t *testing.T) {
 	if _, err := db.Exec(`UPDATE template_files SET used_at = ? WHERE hash IN (?, ?)`, weekAgo.UnixNano(), oldFile, linkedFile); err != nil {
 		t.Fatal(err)
 	}
+	// A layer whose template record is gone, and one still recorded.
+	orphan, kept := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
+	for _, d := range []string{orphan, kept} {
+		if _, err := f.st.PutLayer(ctx, d, strings.NewReader("layer "+d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.st.PutTemplateRecord(ctx, store.TemplateRecord{Name: "app", Digest: "sha256:" + strings.Repeat("c", 64),
+		Layers: []store.LayerRef{{Digest: "sha256:" + strings.Repeat("d", 64)}, {Digest: kept}}, BaseName: "base"}); err != nil {
+		t.Fatal(err)
+	}
 	// Linking a present file marks it used.
 	if l, err := f.svc.FileLink(ctx, "base", linkedFile, "http://x"); err != nil || !l.Present {
 		t.Fatalf("link %+v %v", l, err)
@@ -68,7 +79,7 @@ func TestCollectLeftovers(t *testing.T) {
 	// Templates are a minute old: an hour's age collects none of them, and
 	// of the week-old uploads only the one not linked since.
 	c, err := f.svc.CollectLeftovers(ctx, time.Hour)
-	if err != nil || len(c.Templates) != 0 || !slices.Equal(c.Files, []string{oldFile}) {
+	if err != nil || len(c.Templates) != 0 || !slices.Equal(c.Files, []string{oldFile}) || len(c.Layers) != 0 {
 		t.Fatalf("hour: %+v %v", c, err)
 	}
 	// A month later, with a week's age: the unused leftovers go.
@@ -77,8 +88,11 @@ func TestCollectLeftovers(t *testing.T) {
 	slices.Sort(c.Templates)
 	want := []string{oldCache, oldImage}
 	slices.Sort(want)
-	if err != nil || !slices.Equal(c.Templates, want) {
+	if err != nil || !slices.Equal(c.Templates, want) || !slices.Equal(c.Layers, []string{orphan}) {
 		t.Fatalf("month: %+v %v", c, err)
+	}
+	if has, err := f.st.HasLayer(ctx, kept); err != nil || !has {
+		t.Fatalf("the recorded layer was collected: %v %v", has, err)
 	}
 	for _, n := range []string{usedImage, "app", "base"} {
 		if _, err := f.reg.Get(ctx, n); err != nil {

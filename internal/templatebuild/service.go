@@ -86,6 +86,9 @@ type Store interface {
 	TemplateBuildLogs(ctx context.Context, buildID string, offset, limit int) ([]store.BuildLogEntry, error)
 	ListSandboxes(ctx context.Context, f store.ListFilter) (store.Page, error)
 	SharedSecret(ctx context.Context, name string, candidate []byte) ([]byte, error)
+	// DeleteUnusedLayers removes the stored template layers no record
+	// references, unused since olderThan (gc.go).
+	DeleteUnusedLayers(ctx context.Context, olderThan time.Time) ([]string, error)
 	FileStore
 	TagStore // tags.go
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -29,6 +30,8 @@ type Fetcher struct {
 	APIKey string
 	// HTTP is the client to use; nil means http.DefaultClient.
 	HTTP *http.Client
+	// Logger gets one line per layered fetch; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Fetch registers the server's template called name in reg and returns it.
@@ -36,7 +39,12 @@ type Fetcher struct {
 // only when its digest (and the digest of its xattrs, when the server
 // publishes one) equals the one the server published (else the error wraps
 // errdefs.ErrConflict); the template's sizes and defaults are registered
-// with it. Concurrent fetches of one name, in this
+// with it. A layered template (Meta.Layers) is made instead from the
+// node's template holding the longest prefix of its layers (after fetching
+// Meta.BaseName when the node holds none) plus the missing layers, each
+// downloaded from LayerPrefix and checked against its digest; a server
+// without layer routes, or layers it cannot serve, get the full stream as
+// before. Concurrent fetches of one name, in this
 // process or others sharing reg, import once: the others wait for the
 // registry's name lock, find the template registered and return it without
 // downloading. A template the server lacks gives errdefs.ErrNotFound.
@@ -49,7 +57,7 @@ func (f *Fetcher) Fetch(ctx context.Context, reg *template.Registry, name string
 	}
 	var errs []error
 	for _, base := range f.BaseURLs {
-		t, err := f.fetchFrom(ctx, reg, strings.TrimRight(base, "/"), name)
+		t, err := f.fetchFrom(ctx, reg, strings.TrimRight(base, "/"), name, true)
 		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || ctx.Err() != nil {
 			return t, err
 		}
@@ -58,7 +66,10 @@ func (f *Fetcher) Fetch(ctx context.Context, reg *template.Registry, name string
 	return template.Template{}, errors.Join(errs...)
 }
 
-func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, name string) (template.Template, error) {
+// fetchFrom fetches name from the replica at base; layered says whether a
+// layered template may be fetched by layers (not for the bottom template
+// of one, which is flat).
+func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, name string, layered bool) (template.Template, error) {
 	ref, prefix, err := f.meta(ctx, base, name)
 	if err != nil {
 		return template.Template{}, fmt.Errorf("fetch template %q from %s: %w", name, base, err)
@@ -69,6 +80,25 @@ func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, n
 	if t, err := reg.Get(ctx, name); err == nil {
 		return sameDigest(t, ref.Digest)
 	}
+	if layered && len(ref.Layers) > 1 {
+		t, err := f.fetchLayers(ctx, reg, base, ref)
+		if !errors.Is(err, errNoLayers) {
+			return t, err
+		}
+		// The server cannot ship it by layers: the whole rootfs, which a
+		// server holding it only as layers refuses (409, explained).
+		t, serr := f.fetchStream(ctx, reg, base, prefix, ref)
+		if serr != nil {
+			return template.Template{}, fmt.Errorf("%w (and by layers: %v)", serr, err)
+		}
+		return t, nil
+	}
+	return f.fetchStream(ctx, reg, base, prefix, ref)
+}
+
+// fetchStream imports the template of ref from its full rootfs stream.
+func (f *Fetcher) fetchStream(ctx context.Context, reg *template.Registry, base, prefix string, ref Meta) (template.Template, error) {
+	name := ref.Name
 	body := &lazyBody{open: func() (io.ReadCloser, error) { return f.openTar(ctx, base, prefix, name, ref.Digest) }}
 	defer body.Close()
 	t, err := reg.ImportStream(ctx, name, body, template.Published{

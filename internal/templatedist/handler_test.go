@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -165,7 +166,7 @@ func TestSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := cluster.TemplateRef{Name: "tiny", Digest: s.tpl.Digest, CPUCount: s.tpl.CPUCount, MemoryMB: s.tpl.MemoryMB, DiskSizeMB: s.tpl.DiskSizeMB}
-	if ref != want {
+	if !reflect.DeepEqual(ref, want) {
 		t.Fatalf("ref %+v, want %+v", ref, want)
 	}
 	if _, err := src.ServerTemplate(context.Background(), "nope"); !errors.Is(err, errdefs.ErrNotFound) {

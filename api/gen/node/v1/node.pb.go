@@ -33,12 +33,19 @@ const (
 )
 
 type Template struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Digest        string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	CpuCount      int32                  `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb      int32                  `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	DiskSizeMb    int32                  `protobuf:"varint,5,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Digest     string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	CpuCount   int32                  `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb   int32                  `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	DiskSizeMb int32                  `protobuf:"varint,5,opt,name=disk_size_mb,json=diskSizeMb,proto3" json:"disk_size_mb,omitempty"`
+	// layers are the digests of the template's layer stack, bottom first
+	// (docs/templates.md); one (the digest) for a flat template. Empty from
+	// nodes of an older version.
+	Layers []string `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
+	// defaults_json is the template's sandbox defaults as template.json
+	// records them (docs/templates.md); only in CommitSandboxResponse.
+	DefaultsJson  []byte `protobuf:"bytes,7,opt,name=defaults_json,json=defaultsJson,proto3" json:"defaults_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -106,6 +113,20 @@ func (x *Template) GetDiskSizeMb() int32 {
 		return x.DiskSizeMb
 	}
 	return 0
+}
+
+func (x *Template) GetLayers() []string {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *Template) GetDefaultsJson() []byte {
+	if x != nil {
+		return x.DefaultsJson
+	}
+	return nil
 }
 
 type Capacity struct {
@@ -1909,18 +1930,110 @@ func (x *SandboxLogsResponse) GetEntries() []*SandboxLogEntry {
 	return nil
 }
 
+// LayerRef names a template layer by its digest.
+type LayerRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerRef) Reset() {
+	*x = LayerRef{}
+	mi := &file_v1_node_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerRef) ProtoMessage() {}
+
+func (x *LayerRef) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerRef.ProtoReflect.Descriptor instead.
+func (*LayerRef) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *LayerRef) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+// LayerChunk is a piece of a layer's tar stream (template.WriteLayerTar).
+type LayerChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerChunk) Reset() {
+	*x = LayerChunk{}
+	mi := &file_v1_node_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerChunk) ProtoMessage() {}
+
+func (x *LayerChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_v1_node_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerChunk.ProtoReflect.Descriptor instead.
+func (*LayerChunk) Descriptor() ([]byte, []int) {
+	return file_v1_node_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *LayerChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_v1_node_proto protoreflect.FileDescriptor
 
 const file_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\rv1/node.proto\x12\fcube.node.v1\"\x92\x01\n" +
+	"\rv1/node.proto\x12\fcube.node.v1\"\xcf\x01\n" +
 	"\bTemplate\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1b\n" +
 	"\tcpu_count\x18\x03 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x04 \x01(\x05R\bmemoryMb\x12 \n" +
 	"\fdisk_size_mb\x18\x05 \x01(\x05R\n" +
-	"diskSizeMb\"\xb6\x01\n" +
+	"diskSizeMb\x12\x16\n" +
+	"\x06layers\x18\x06 \x03(\tR\x06layers\x12#\n" +
+	"\rdefaults_json\x18\a \x01(\fR\fdefaultsJson\"\xb6\x01\n" +
 	"\bCapacity\x12\x1b\n" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x03R\bmemoryMb\x12#\n" +
@@ -2076,10 +2189,15 @@ const file_v1_node_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
 	"\x13SandboxLogsResponse\x127\n" +
-	"\aentries\x18\x01 \x03(\v2\x1d.cube.node.v1.SandboxLogEntryR\aentries2\xaa\x01\n" +
+	"\aentries\x18\x01 \x03(\v2\x1d.cube.node.v1.SandboxLogEntryR\aentries\"\"\n" +
+	"\bLayerRef\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\" \n" +
+	"\n" +
+	"LayerChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data2\xaa\x01\n" +
 	"\x0fRegistryService\x12I\n" +
 	"\bRegister\x12\x1d.cube.node.v1.RegisterRequest\x1a\x1e.cube.node.v1.RegisterResponse\x12L\n" +
-	"\tHeartbeat\x12\x1e.cube.node.v1.HeartbeatRequest\x1a\x1f.cube.node.v1.HeartbeatResponse2\xe4\x06\n" +
+	"\tHeartbeat\x12\x1e.cube.node.v1.HeartbeatRequest\x1a\x1f.cube.node.v1.HeartbeatResponse2\xa5\a\n" +
 	"\x0eCubeletService\x126\n" +
 	"\aGetInfo\x12\x13.cube.node.v1.Empty\x1a\x16.cube.node.v1.NodeInfo\x12X\n" +
 	"\rCreateSandbox\x12\".cube.node.v1.CreateSandboxRequest\x1a#.cube.node.v1.CreateSandboxResponse\x12<\n" +
@@ -2093,7 +2211,8 @@ const file_v1_node_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x13.cube.node.v1.Empty\x1a#.cube.node.v1.ListSandboxesResponse\x12X\n" +
 	"\rCommitSandbox\x12\".cube.node.v1.CommitSandboxRequest\x1a#.cube.node.v1.CommitSandboxResponse\x12A\n" +
 	"\x0eDeleteTemplate\x12\x1a.cube.node.v1.TemplateName\x1a\x13.cube.node.v1.Empty\x12R\n" +
-	"\vSandboxLogs\x12 .cube.node.v1.SandboxLogsRequest\x1a!.cube.node.v1.SandboxLogsResponseB1Z/github.com/cube-dev/cube/api/gen/node/v1;nodev1b\x06proto3"
+	"\vSandboxLogs\x12 .cube.node.v1.SandboxLogsRequest\x1a!.cube.node.v1.SandboxLogsResponse\x12?\n" +
+	"\tReadLayer\x12\x16.cube.node.v1.LayerRef\x1a\x18.cube.node.v1.LayerChunk0\x01B1Z/github.com/cube-dev/cube/api/gen/node/v1;nodev1b\x06proto3"
 
 var (
 	file_v1_node_proto_rawDescOnce sync.Once
@@ -2107,7 +2226,7 @@ func file_v1_node_proto_rawDescGZIP() []byte {
 	return file_v1_node_proto_rawDescData
 }
 
-var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_v1_node_proto_goTypes = []any{
 	(*Template)(nil),              // 0: cube.node.v1.Template
 	(*Capacity)(nil),              // 1: cube.node.v1.Capacity
@@ -2137,9 +2256,11 @@ var file_v1_node_proto_goTypes = []any{
 	(*SandboxLogsRequest)(nil),    // 25: cube.node.v1.SandboxLogsRequest
 	(*SandboxLogEntry)(nil),       // 26: cube.node.v1.SandboxLogEntry
 	(*SandboxLogsResponse)(nil),   // 27: cube.node.v1.SandboxLogsResponse
-	nil,                           // 28: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
-	nil,                           // 29: cube.node.v1.TemplateDefaults.EnvEntry
-	nil,                           // 30: cube.node.v1.SandboxLogEntry.FieldsEntry
+	(*LayerRef)(nil),              // 28: cube.node.v1.LayerRef
+	(*LayerChunk)(nil),            // 29: cube.node.v1.LayerChunk
+	nil,                           // 30: cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	nil,                           // 31: cube.node.v1.TemplateDefaults.EnvEntry
+	nil,                           // 32: cube.node.v1.SandboxLogEntry.FieldsEntry
 }
 var file_v1_node_proto_depIdxs = []int32{
 	1,  // 0: cube.node.v1.NodeInfo.capacity:type_name -> cube.node.v1.Capacity
@@ -2151,13 +2272,13 @@ var file_v1_node_proto_depIdxs = []int32{
 	0,  // 6: cube.node.v1.HeartbeatRequest.templates:type_name -> cube.node.v1.Template
 	4,  // 7: cube.node.v1.HeartbeatRequest.health:type_name -> cube.node.v1.NodeHealth
 	2,  // 8: cube.node.v1.HeartbeatRequest.usage:type_name -> cube.node.v1.NodeUsage
-	28, // 9: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
+	30, // 9: cube.node.v1.CreateSandboxRequest.env_vars:type_name -> cube.node.v1.CreateSandboxRequest.EnvVarsEntry
 	11, // 10: cube.node.v1.CreateSandboxResponse.sandbox:type_name -> cube.node.v1.Sandbox
 	11, // 11: cube.node.v1.ListSandboxesResponse.sandboxes:type_name -> cube.node.v1.Sandbox
-	29, // 12: cube.node.v1.TemplateDefaults.env:type_name -> cube.node.v1.TemplateDefaults.EnvEntry
+	31, // 12: cube.node.v1.TemplateDefaults.env:type_name -> cube.node.v1.TemplateDefaults.EnvEntry
 	21, // 13: cube.node.v1.CommitSandboxRequest.defaults:type_name -> cube.node.v1.TemplateDefaults
 	0,  // 14: cube.node.v1.CommitSandboxResponse.template:type_name -> cube.node.v1.Template
-	30, // 15: cube.node.v1.SandboxLogEntry.fields:type_name -> cube.node.v1.SandboxLogEntry.FieldsEntry
+	32, // 15: cube.node.v1.SandboxLogEntry.fields:type_name -> cube.node.v1.SandboxLogEntry.FieldsEntry
 	26, // 16: cube.node.v1.SandboxLogsResponse.entries:type_name -> cube.node.v1.SandboxLogEntry
 	7,  // 17: cube.node.v1.RegistryService.Register:input_type -> cube.node.v1.RegisterRequest
 	9,  // 18: cube.node.v1.RegistryService.Heartbeat:input_type -> cube.node.v1.HeartbeatRequest
@@ -2173,22 +2294,24 @@ var file_v1_node_proto_depIdxs = []int32{
 	22, // 28: cube.node.v1.CubeletService.CommitSandbox:input_type -> cube.node.v1.CommitSandboxRequest
 	24, // 29: cube.node.v1.CubeletService.DeleteTemplate:input_type -> cube.node.v1.TemplateName
 	25, // 30: cube.node.v1.CubeletService.SandboxLogs:input_type -> cube.node.v1.SandboxLogsRequest
-	8,  // 31: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
-	10, // 32: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
-	3,  // 33: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
-	13, // 34: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
-	15, // 35: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
-	17, // 36: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
-	18, // 37: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
-	15, // 38: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
-	15, // 39: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
-	15, // 40: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
-	20, // 41: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
-	23, // 42: cube.node.v1.CubeletService.CommitSandbox:output_type -> cube.node.v1.CommitSandboxResponse
-	15, // 43: cube.node.v1.CubeletService.DeleteTemplate:output_type -> cube.node.v1.Empty
-	27, // 44: cube.node.v1.CubeletService.SandboxLogs:output_type -> cube.node.v1.SandboxLogsResponse
-	31, // [31:45] is the sub-list for method output_type
-	17, // [17:31] is the sub-list for method input_type
+	28, // 31: cube.node.v1.CubeletService.ReadLayer:input_type -> cube.node.v1.LayerRef
+	8,  // 32: cube.node.v1.RegistryService.Register:output_type -> cube.node.v1.RegisterResponse
+	10, // 33: cube.node.v1.RegistryService.Heartbeat:output_type -> cube.node.v1.HeartbeatResponse
+	3,  // 34: cube.node.v1.CubeletService.GetInfo:output_type -> cube.node.v1.NodeInfo
+	13, // 35: cube.node.v1.CubeletService.CreateSandbox:output_type -> cube.node.v1.CreateSandboxResponse
+	15, // 36: cube.node.v1.CubeletService.KillSandbox:output_type -> cube.node.v1.Empty
+	17, // 37: cube.node.v1.CubeletService.MapPort:output_type -> cube.node.v1.MapPortResponse
+	18, // 38: cube.node.v1.CubeletService.GetMetrics:output_type -> cube.node.v1.Metrics
+	15, // 39: cube.node.v1.CubeletService.PauseSandbox:output_type -> cube.node.v1.Empty
+	15, // 40: cube.node.v1.CubeletService.ResumeSandbox:output_type -> cube.node.v1.Empty
+	15, // 41: cube.node.v1.CubeletService.UpdateEgress:output_type -> cube.node.v1.Empty
+	20, // 42: cube.node.v1.CubeletService.ListSandboxes:output_type -> cube.node.v1.ListSandboxesResponse
+	23, // 43: cube.node.v1.CubeletService.CommitSandbox:output_type -> cube.node.v1.CommitSandboxResponse
+	15, // 44: cube.node.v1.CubeletService.DeleteTemplate:output_type -> cube.node.v1.Empty
+	27, // 45: cube.node.v1.CubeletService.SandboxLogs:output_type -> cube.node.v1.SandboxLogsResponse
+	29, // 46: cube.node.v1.CubeletService.ReadLayer:output_type -> cube.node.v1.LayerChunk
+	32, // [32:47] is the sub-list for method output_type
+	17, // [17:32] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name
@@ -2205,7 +2328,7 @@ func file_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_v1_node_proto_rawDesc), len(file_v1_node_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

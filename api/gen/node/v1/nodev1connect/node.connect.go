@@ -86,6 +86,9 @@ const (
 	// CubeletServiceSandboxLogsProcedure is the fully-qualified name of the CubeletService's
 	// SandboxLogs RPC.
 	CubeletServiceSandboxLogsProcedure = "/cube.node.v1.CubeletService/SandboxLogs"
+	// CubeletServiceReadLayerProcedure is the fully-qualified name of the CubeletService's ReadLayer
+	// RPC.
+	CubeletServiceReadLayerProcedure = "/cube.node.v1.CubeletService/ReadLayer"
 )
 
 // RegistryServiceClient is a client for the cube.node.v1.RegistryService service.
@@ -202,6 +205,10 @@ type CubeletServiceClient interface {
 	// SandboxLogs reads a sandbox's log (envd's lines and the node's
 	// lifecycle lines). Unknown, or ended longer ago than the retention: NotFound.
 	SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error)
+	// ReadLayer streams the tar of a template layer the node holds (the
+	// server copies the top layer of a template committed there into the
+	// control-plane store, so that any node can fetch it). Unknown: NotFound.
+	ReadLayer(context.Context, *connect.Request[v1.LayerRef]) (*connect.ServerStreamForClient[v1.LayerChunk], error)
 }
 
 // NewCubeletServiceClient constructs a client for the cube.node.v1.CubeletService service. By
@@ -287,6 +294,12 @@ func NewCubeletServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(cubeletServiceMethods.ByName("SandboxLogs")),
 			connect.WithClientOptions(opts...),
 		),
+		readLayer: connect.NewClient[v1.LayerRef, v1.LayerChunk](
+			httpClient,
+			baseURL+CubeletServiceReadLayerProcedure,
+			connect.WithSchema(cubeletServiceMethods.ByName("ReadLayer")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -304,6 +317,7 @@ type cubeletServiceClient struct {
 	commitSandbox  *connect.Client[v1.CommitSandboxRequest, v1.CommitSandboxResponse]
 	deleteTemplate *connect.Client[v1.TemplateName, v1.Empty]
 	sandboxLogs    *connect.Client[v1.SandboxLogsRequest, v1.SandboxLogsResponse]
+	readLayer      *connect.Client[v1.LayerRef, v1.LayerChunk]
 }
 
 // GetInfo calls cube.node.v1.CubeletService.GetInfo.
@@ -366,6 +380,11 @@ func (c *cubeletServiceClient) SandboxLogs(ctx context.Context, req *connect.Req
 	return c.sandboxLogs.CallUnary(ctx, req)
 }
 
+// ReadLayer calls cube.node.v1.CubeletService.ReadLayer.
+func (c *cubeletServiceClient) ReadLayer(ctx context.Context, req *connect.Request[v1.LayerRef]) (*connect.ServerStreamForClient[v1.LayerChunk], error) {
+	return c.readLayer.CallServerStream(ctx, req)
+}
+
 // CubeletServiceHandler is an implementation of the cube.node.v1.CubeletService service.
 type CubeletServiceHandler interface {
 	GetInfo(context.Context, *connect.Request[v1.Empty]) (*connect.Response[v1.NodeInfo], error)
@@ -384,6 +403,10 @@ type CubeletServiceHandler interface {
 	// SandboxLogs reads a sandbox's log (envd's lines and the node's
 	// lifecycle lines). Unknown, or ended longer ago than the retention: NotFound.
 	SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error)
+	// ReadLayer streams the tar of a template layer the node holds (the
+	// server copies the top layer of a template committed there into the
+	// control-plane store, so that any node can fetch it). Unknown: NotFound.
+	ReadLayer(context.Context, *connect.Request[v1.LayerRef], *connect.ServerStream[v1.LayerChunk]) error
 }
 
 // NewCubeletServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -465,6 +488,12 @@ func NewCubeletServiceHandler(svc CubeletServiceHandler, opts ...connect.Handler
 		connect.WithSchema(cubeletServiceMethods.ByName("SandboxLogs")),
 		connect.WithHandlerOptions(opts...),
 	)
+	cubeletServiceReadLayerHandler := connect.NewServerStreamHandler(
+		CubeletServiceReadLayerProcedure,
+		svc.ReadLayer,
+		connect.WithSchema(cubeletServiceMethods.ByName("ReadLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/cube.node.v1.CubeletService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CubeletServiceGetInfoProcedure:
@@ -491,6 +520,8 @@ func NewCubeletServiceHandler(svc CubeletServiceHandler, opts ...connect.Handler
 			cubeletServiceDeleteTemplateHandler.ServeHTTP(w, r)
 		case CubeletServiceSandboxLogsProcedure:
 			cubeletServiceSandboxLogsHandler.ServeHTTP(w, r)
+		case CubeletServiceReadLayerProcedure:
+			cubeletServiceReadLayerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -546,4 +577,8 @@ func (UnimplementedCubeletServiceHandler) DeleteTemplate(context.Context, *conne
 
 func (UnimplementedCubeletServiceHandler) SandboxLogs(context.Context, *connect.Request[v1.SandboxLogsRequest]) (*connect.Response[v1.SandboxLogsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("cube.node.v1.CubeletService.SandboxLogs is not implemented"))
+}
+
+func (UnimplementedCubeletServiceHandler) ReadLayer(context.Context, *connect.Request[v1.LayerRef], *connect.ServerStream[v1.LayerChunk]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("cube.node.v1.CubeletService.ReadLayer is not implemented"))
 }
