@@ -72,7 +72,9 @@ func parseListQuery(q url.Values) (store.ListFilter, error) {
 		}
 		f.StartedAfter = t
 	}
-	f.Template = q.Get("template")
+	// A template's name also finds the sandboxes of its tags, which report
+	// it as their templateID (wire.go templateID).
+	f.Template, f.AnyTag = q.Get("template"), true
 	switch o := strings.ToLower(q.Get("order")); o {
 	case "":
 	case "asc", "desc":

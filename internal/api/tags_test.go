@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -135,12 +136,13 @@ func TestTemplateTagRoutes(t *testing.T) {
 		t.Errorf("alias web:nope: %d %s", r.status, r.body)
 	}
 
-	// Sandbox.create of a tag runs the tag's template and records the
-	// name it was asked for; an unknown tag is a 404 naming the tags.
+	// Sandbox.create of a tag runs the tag's template, records the name
+	// it was asked for and reports the template's name; an unknown tag is
+	// a 404 naming the tags.
 	var sb sandboxJSON
 	if r := e.do("POST", "/sandboxes", `{"templateID":"web:stable"}`); r.status != http.StatusCreated {
 		t.Fatalf("create web:stable: %d %s", r.status, r.body)
-	} else if r.json(t, &sb); sb.TemplateID != v1 || sb.Alias != "web:stable" {
+	} else if r.json(t, &sb); sb.TemplateID != "web" || sb.Alias != "web:stable" {
 		t.Fatalf("sandbox of web:stable: %s", r.body)
 	}
 	if rec, err := e.st.GetSandbox(ctx, sb.SandboxID); err != nil || rec.TemplateID != v1 || rec.Alias != "web:stable" {
@@ -217,5 +219,128 @@ func TestTemplateTagRoutes(t *testing.T) {
 	}
 	if _, err := reg.Get(ctx, "tags"); err == nil {
 		t.Error("template tags stayed")
+	}
+}
+
+// A sandbox of a tag runs on the hidden per-build template the tag points
+// at, but reports the template's name as its templateID (as E2B reports a
+// template's id whatever build runs) and the name it was asked for as its
+// alias: in the create answer, connect, GET /sandboxes/{id} and both lists,
+// and the list's template filter finds it by that name. The record keeps
+// the build template, which deletes of the template check.
+func TestTagSandboxReportsTemplateName(t *testing.T) {
+	e, reg := newTagsEnv(t)
+	ctx := context.Background()
+	build := func(name string) string {
+		t.Helper()
+		var b buildRequestedJSON
+		if r := e.do("POST", "/v3/templates", `{"name":"`+name+`"}`); r.status != http.StatusAccepted {
+			t.Fatalf("request a build of %s: %d %s", name, r.status, r.body)
+		} else {
+			r.json(t, &b)
+		}
+		return b.BuildID
+	}
+	// web:v1 and app's default tag point at per-build templates.
+	webV1, appDefault := build("web:v1"), build("app")
+	register(t, reg, "web")
+	v1, appTpl := templatebuild.BuildTemplate(webV1), templatebuild.BuildTemplate(appDefault)
+	for tpl, row := range map[string]struct{ name, tag, build string }{v1: {"web", "v1", webV1}, appTpl: {"app", "default", appDefault}} {
+		register(t, reg, tpl)
+		if _, err := e.st.PutTemplateTags(ctx, row.name, []string{row.tag}, row.build, tpl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.st.FinishTemplateBuild(ctx, row.build, store.BuildReady, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	check := func(what string, got, want [2]string) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: templateID, alias = %q; want %q", what, got, want)
+		}
+	}
+	created := map[string]string{} // sandbox id -> the template it reports
+	for ref, want := range map[string][2]string{
+		"web:v1": {"web", "web:v1"}, "Web:V1": {"web", "Web:V1"}, "app": {"app", "app"}, "web": {"web", "web"},
+	} {
+		var sb sandboxJSON
+		r := e.do("POST", "/v2/sandboxes", `{"templateID":"`+ref+`"}`)
+		if r.status != http.StatusCreated {
+			t.Fatalf("create %s: %d %s", ref, r.status, r.body)
+		}
+		r.json(t, &sb)
+		check("create "+ref, [2]string{sb.TemplateID, sb.Alias}, want)
+		created[sb.SandboxID] = want[0]
+
+		var d detailJSON
+		e.do("GET", "/sandboxes/"+sb.SandboxID, "").json(t, &d)
+		check("GET "+ref, [2]string{d.TemplateID, d.Alias}, want)
+		var c sandboxJSON
+		e.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout":60}`).json(t, &c)
+		check("connect "+ref, [2]string{c.TemplateID, c.Alias}, want)
+
+		// The record keeps the template the sandbox runs on.
+		rec, err := e.st.GetSandbox(ctx, sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wantRec := map[string]string{"web:v1": v1, "Web:V1": v1, "app": appTpl, "web": "web"}[ref]; rec.TemplateID != wantRec {
+			t.Errorf("record of %s runs on %q; want %q", ref, rec.TemplateID, wantRec)
+		}
+	}
+
+	list := func(path string) map[string]string {
+		t.Helper()
+		r := e.do("GET", path, "")
+		var items []listedJSON
+		if r.status != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, r.status, r.body)
+		}
+		r.json(t, &items)
+		out := map[string]string{}
+		for _, it := range items {
+			out[it.SandboxID] = it.TemplateID
+		}
+		return out
+	}
+	for _, path := range []string{"/v2/sandboxes", "/sandboxes"} {
+		if got := list(path); len(got) != len(created) {
+			t.Errorf("%s: %v; want %v", path, got, created)
+		} else {
+			for id, tpl := range created {
+				if got[id] != tpl {
+					t.Errorf("%s: %s reports %q; want %q", path, id, got[id], tpl)
+				}
+			}
+		}
+	}
+	count := func(m map[string]string, tpl string) (n int) {
+		for _, v := range m {
+			if v == tpl {
+				n++
+			}
+		}
+		return n
+	}
+	for filter, want := range map[string]int{"web": 3, "app": 1, "web:v1": 1, v1: 2, "nope": 0, "we": 0} {
+		got := list("/v2/sandboxes?template=" + url.QueryEscape(filter))
+		if len(got) != want {
+			t.Errorf("?template=%s: %v; want %d sandboxes", filter, got, want)
+		}
+		if filter == "web" && count(got, "web") != 3 {
+			t.Errorf("?template=web: %v", got)
+		}
+	}
+	// What in-use checks ask (the template a sandbox runs on) is unchanged:
+	// web itself runs one sandbox, its build of v1 two.
+	for tpl, want := range map[string]int{"web": 1, v1: 2, appTpl: 1} {
+		if p, err := e.st.ListSandboxes(ctx, store.ListFilter{Template: tpl}); err != nil || len(p.Sandboxes) != want {
+			t.Errorf("sandboxes running on %s: %d, %v; want %d", tpl, len(p.Sandboxes), err, want)
+		}
+	}
+	if r := e.do("DELETE", "/templates/app", ""); r.status != http.StatusConflict {
+		t.Errorf("delete app while its default tag's template runs: %d %s", r.status, r.body)
 	}
 }

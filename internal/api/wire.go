@@ -7,6 +7,7 @@ import (
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
+	"github.com/cube-dev/cube/internal/templatebuild"
 )
 
 // sandboxJSON is the E2B `Sandbox` object (create 201, connect 200/201).
@@ -81,9 +82,26 @@ func alias(sb store.Sandbox) string {
 	return sb.TemplateID
 }
 
+// templateID is the template a sandbox reports. A sandbox of a tag
+// (name:tag, or a name whose default tag moved) runs on the hidden
+// template holding the tag's build (templatebuild.BuildTemplate); it
+// reports the template's name, as E2B reports a template's id whatever
+// build runs, and the tag in its alias. The record keeps the build
+// template: deletes and rebuilds check what sandboxes run on.
+func templateID(sb store.Sandbox) string {
+	if sb.Alias == "" || !templatebuild.IsBuildTemplate(sb.TemplateID) {
+		return sb.TemplateID
+	}
+	name, err := templatebuild.ParseName(sb.Alias)
+	if err != nil {
+		return sb.TemplateID // not a tag ref: the build template was asked for by another name
+	}
+	return name
+}
+
 func (s *server) toSandbox(sb store.Sandbox) sandboxJSON {
 	return sandboxJSON{
-		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: alias(sb), ClientID: ClientID,
+		SandboxID: sb.ID, TemplateID: templateID(sb), Alias: alias(sb), ClientID: ClientID,
 		EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken, Domain: s.domain(),
 		TrafficAccessToken: optional(sb.TrafficAccessToken),
 	}
@@ -103,7 +121,7 @@ func toListed(sb store.Sandbox) listedJSON {
 		meta = map[string]string{}
 	}
 	return listedJSON{
-		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: alias(sb), ClientID: ClientID,
+		SandboxID: sb.ID, TemplateID: templateID(sb), Alias: alias(sb), ClientID: ClientID,
 		StartedAt: sb.StartedAt.UTC(), EndAt: sb.EndAt.UTC(), State: string(sb.State),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskSizeMB,
 		EnvdVersion: sb.EnvdVersion, Metadata: meta,

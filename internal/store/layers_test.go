@@ -37,6 +37,32 @@ func (f *failingReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// concurrentPuts runs put n times at once and counts the calls that
+// stored (first complete write wins: exactly one should).
+func concurrentPuts(t *testing.T, n int, put func() (bool, error)) int {
+	t.Helper()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		stored int
+	)
+	for range n {
+		wg.Go(func() {
+			ok, err := put()
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				stored++
+			}
+		})
+	}
+	wg.Wait()
+	return stored
+}
+
 func readLayer(t *testing.T, s Store, digest string) ([]byte, int64) {
 	t.Helper()
 	r, size, err := s.OpenLayer(context.Background(), digest)
@@ -73,27 +99,7 @@ func TestLayerPutOpen(t *testing.T) {
 			t.Fatalf("bad digest: %v", err)
 		}
 
-		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex
-			stored int
-		)
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ok, err := s.PutLayer(ctx, d, bytes.NewReader(data))
-				if err != nil {
-					t.Error(err)
-				}
-				mu.Lock()
-				if ok {
-					stored++
-				}
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		stored := concurrentPuts(t, 4, func() (bool, error) { return s.PutLayer(ctx, d, bytes.NewReader(data)) })
 		if stored != 1 {
 			t.Fatalf("%d writers stored the layer; want 1", stored)
 		}

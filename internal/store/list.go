@@ -86,7 +86,12 @@ func (s *sqlStore) ListSandboxes(ctx context.Context, f ListFilter) (Page, error
 		where = append(where, `s.started_at >= ?`)
 		args = append(args, toNanos(f.StartedAfter))
 	}
-	if f.Template != "" {
+	switch {
+	case f.Template != "" && f.AnyTag:
+		// A prefix test, not LIKE: '_' (in template names) is a LIKE wildcard.
+		where = append(where, `(s.template_id = ? OR s.alias = ? OR lower(substr(s.alias, 1, length(?) + 1)) = ? || ':')`)
+		args = append(args, f.Template, f.Template, f.Template, f.Template)
+	case f.Template != "":
 		where = append(where, `(s.template_id = ? OR s.alias = ?)`)
 		args = append(args, f.Template, f.Template)
 	}

@@ -83,7 +83,11 @@ type ListFilter struct {
 	StartedAfter time.Time
 	// Template matches template_id or alias.
 	Template string
-	Order    Order
+	// AnyTag makes Template also match the sandboxes created from one of
+	// its tags (alias Template:tag, the alias's case ignored); they run on
+	// the tag's build template (templatebuild/tags.go).
+	AnyTag bool
+	Order  Order
 	// Limit is the page size; 0 = DefaultLimit, capped at MaxLimit.
 	Limit int
 	// NextToken is the opaque cursor returned by the previous page.

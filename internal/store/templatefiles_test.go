@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,27 +30,7 @@ func TestTemplateFiles(t *testing.T) {
 		if _, err := s.OpenTemplateFile(ctx, hash); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("open of a missing file: %v", err)
 		}
-		var (
-			wg     sync.WaitGroup
-			mu     sync.Mutex
-			stored int
-		)
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ok, err := s.PutTemplateFile(ctx, hash, bytes.NewReader(data))
-				if err != nil {
-					t.Error(err)
-				}
-				mu.Lock()
-				if ok {
-					stored++
-				}
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		stored := concurrentPuts(t, 4, func() (bool, error) { return s.PutTemplateFile(ctx, hash, bytes.NewReader(data)) })
 		if stored != 1 {
 			t.Fatalf("%d writers stored the file; want 1", stored)
 		}

@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { BuildError, Template } from 'e2b'
+import { BuildError, Sandbox, Template } from 'e2b'
 import { RUN_ID, killQuietly, newSandbox, sweep } from './helpers.mjs'
 
 after(sweep)
@@ -123,11 +123,14 @@ describe('template builds', { timeout: 900_000 }, () => {
     const tagMap = async () => Object.fromEntries((await Template.getTags(name)).map((t) => [t.tag, t.buildId]))
     assert.deepEqual(await tagMap(), { default: dflt.buildId, prod: v1.buildId, v1: v1.buildId })
 
-    // Each tag runs its own build's result.
+    // Each tag runs its own build's result; its sandboxes report the
+    // template (not the hidden template of the build) and the tag asked for.
     const sbxs = []
     const seen = async (template) => {
       const sbx = await newSandbox({ template })
       sbxs.push(sbx.sandboxId)
+      const info = await sbx.getInfo()
+      assert.deepEqual([info.templateId, info.name], [name, template])
       return (await sbx.commands.run('cat /etc/tag-marker')).stdout.trim()
     }
     try {
@@ -135,6 +138,9 @@ describe('template builds', { timeout: 900_000 }, () => {
       assert.equal(await seen(`${name}:prod`), `v1-${RUN_ID}`)
       assert.equal(await seen(name), `default-${RUN_ID}`)
       assert.equal(await seen(`${name}:default`), `default-${RUN_ID}`)
+      const listed = await Sandbox.list({ query: { template: name } }).nextItems()
+      assert.deepEqual(listed.map((s) => s.sandboxId).sort(), [...sbxs].sort())
+      assert.ok(listed.every((s) => s.templateId === name), JSON.stringify(listed))
 
       // assignTags points a tag at the build a name:tag names.
       const assigned = await Template.assignTags(`${name}:v1`, 'stable')
