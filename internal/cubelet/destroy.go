@@ -44,12 +44,15 @@ func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
 // past failed steps and returns them joined; the record stays if anything
 // is left, so the next retry (maintain, Reconcile) finishes it.
 func (c *Cubelet) teardown(ctx context.Context, rec nodestore.Sandbox) error {
+	st := newStepTimer()
 	c.logEnded(ctx, rec)
+	st.mark("logs")
 	killErr, err := c.stop(ctx, rec)
 	if err != nil {
 		return err
 	}
-	return errors.Join(killErr, c.release(ctx, rec))
+	st.mark("stop")
+	return errors.Join(killErr, c.release(ctx, rec, st))
 }
 
 // stop marks the record deleting and kills the sandbox's processes. err
@@ -83,7 +86,8 @@ func (c *Cubelet) stop(ctx context.Context, rec nodestore.Sandbox) (killErr, err
 // release removes what a stopped sandbox owned: host-port mappings, its
 // network (and its slot's), cgroup and state dir, then the owner record.
 // It keeps going past failed steps; the record stays if anything is left.
-func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox) error {
+// st times the steps for the debug log (teardown's, with the stop in it).
+func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox, st *stepTimer) error {
 	rt := rec.Runtime()
 	// Every runtime object is named rt. A record the previous version wrote
 	// while renaming a plain slot's endpoint to the sandbox id (RuntimeID =
@@ -91,7 +95,6 @@ func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox) error {
 	// name that has none).
 	renamedByOld := rt != rec.ID
 	var errs []error
-	st := newStepTimer()
 	for _, hp := range rec.Ports {
 		if err := c.dp.RemoveMapping(ctx, hp); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("remove mapping %d: %w", hp, err))

@@ -6,7 +6,9 @@
 // The host only ever sees one link, one /30 route and a handful of nft
 // rules; the sandbox CIDR is routed inside the dataplane netns alone. All
 // state lives in the kernel (pins, links, link aliases, nft elements with
-// owner comments), so a fresh Open after a crash or restart adopts it.
+// owner comments), so a fresh Open after a crash or restart adopts it. A
+// handle caches the per-sandbox nftables objects by owner (mirror.go), read
+// from the kernel once, so a kill deletes by key instead of listing.
 package cubevs
 
 import (
@@ -37,9 +39,9 @@ type Dataplane struct {
 	hostNS, dpNS netns.NsHandle
 	host, dp     *netlink.Handle
 	nft          *nftables.Conn // long-lived, into dpNS; see dpConn
-	// ports mirrors the port map set (nil: not read yet, or dropped with
-	// nft after a failed operation); see portsOf.
-	ports map[uint16]Mapping
+	// nftm mirrors the per-sandbox nftables objects (nil: not read yet, or
+	// dropped with nft after a failed operation); see mirror.
+	nftm *nftMirror
 }
 
 // Open creates or adopts the dataplane described by cfg: the pinned netns,

@@ -1,10 +1,9 @@
 package cubevs
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 
 	"github.com/google/nftables"
@@ -65,32 +64,31 @@ func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, 
 	if err != nil {
 		return err
 	}
-	c, err := d.dpConn()
-	if err != nil {
-		return err
-	}
-	defer d.settleNFT(&err)
-	if err := d.fillAddrSets(c, hostAddrs, resolvers()); err != nil {
-		return err
-	}
-	ch := c.AddChain(&nftables.Chain{Name: chainName(owner), Table: d.table()})
-	c.FlushChain(ch)
-	for _, r := range d.egressRules(ip, p) {
-		addRule(c, ch, r)
-	}
-	vm := d.sandboxesSet()
-	el := nftables.SetElement{
-		Key:         ifNameKey(LinkName(owner)),
-		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
-		Comment:     owner,
-	}
-	if err := c.SetAddElements(vm, []nftables.SetElement{el}); err != nil {
-		return fmt.Errorf("egress of %s: %w", owner, err)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("egress of %s: %w", owner, err)
-	}
-	return nil
+	return d.retryStale(func(c *nftables.Conn, mi *nftMirror) error {
+		if err := d.fillAddrSets(c, hostAddrs, resolvers()); err != nil {
+			return err
+		}
+		ch := c.AddChain(&nftables.Chain{Name: chainName(owner), Table: d.table()})
+		c.FlushChain(ch)
+		for _, r := range d.egressRules(ip, p) {
+			addRule(c, ch, r)
+		}
+		key := ifNameKey(LinkName(owner))
+		el := nftables.SetElement{
+			Key:         key,
+			VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
+			Comment:     owner,
+		}
+		if err := c.SetAddElements(d.sandboxesSet(), []nftables.SetElement{el}); err != nil {
+			return fmt.Errorf("egress of %s: %w", owner, err)
+		}
+		if err := flush(c, "egress of %s", owner); err != nil {
+			return err
+		}
+		mi.chains[owner] = true
+		mi.putVerdict(string(key), owner)
+		return nil
+	})
 }
 
 // egressRules is the body of chain sb-<owner>, first match wins.
@@ -122,62 +120,46 @@ func (d *Dataplane) egressRules(ip netip.Addr, p EgressPolicy) [][]expr.Any {
 }
 
 // removeOwnerNFT deletes, in one transaction, owner's port mappings, its
-// verdict map entry and its egress chain. Absent pieces are fine.
-func (d *Dataplane) removeOwnerNFT(owner string) (err error) {
-	c, err := d.dpConn()
-	if err != nil {
-		return err
-	}
-	defer d.settleNFT(&err)
-	var errs []error
-	queue := func(set *nftables.Set, match func(nftables.SetElement) bool) {
-		elems, err := c.GetSetElements(set)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("read %s: %w", set.Name, err))
-			return
+// verdict map entry and its egress chain. Absent pieces are fine. What to
+// delete comes from the mirror (by owner: a handful of map lookups), so a
+// kill reads nothing from the kernel whatever the number of sandboxes.
+func (d *Dataplane) removeOwnerNFT(owner string) error {
+	return d.retryStale(func(c *nftables.Conn, mi *nftMirror) error {
+		ports := mi.portsOfOwner(owner)
+		if err := d.queueUnmap(c, ports); err != nil {
+			return err
 		}
-		var gone []nftables.SetElement
-		for _, e := range elems {
-			if match(e) {
-				gone = append(gone, nftables.SetElement{Key: e.Key})
+		keys := mi.verdictKeysOf(owner)
+		if len(keys) > 0 {
+			gone := make([]nftables.SetElement, 0, len(keys))
+			for _, k := range keys {
+				gone = append(gone, nftables.SetElement{Key: []byte(k)})
+			}
+			if err := c.SetDeleteElements(d.sandboxesSet(), gone); err != nil {
+				return fmt.Errorf("delete from %s: %w", setSandboxes, err)
 			}
 		}
-		if len(gone) > 0 {
-			if err := c.SetDeleteElements(set, gone); err != nil {
-				errs = append(errs, fmt.Errorf("delete from %s: %w", set.Name, err))
-			}
-		}
-	}
-	// The port map is read from the mirror (see portsOf), the verdict map
-	// from the kernel.
-	ports, err := d.portsOf(c)
-	if err != nil {
-		return err
-	}
-	unmapped, err := d.queueUnmap(c, ports, func(m Mapping) bool { return m.Owner == owner })
-	if err != nil {
-		errs = append(errs, err)
-	}
-	key := ifNameKey(LinkName(owner))
-	queue(d.sandboxesSet(), func(e nftables.SetElement) bool { return e.Comment == owner || bytes.Equal(e.Key, key) })
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("list chains: %w", err))
-	}
-	for _, ch := range chains {
-		if ch.Table.Name == d.cfg.TablePrefix && ch.Name == chainName(owner) {
+		chain := mi.chains[owner]
+		if chain {
+			ch := &nftables.Chain{Name: chainName(owner), Table: d.table()}
 			c.FlushChain(ch)
 			c.DelChain(ch)
 		}
-	}
-	if err := c.Flush(); err != nil {
-		errs = append(errs, fmt.Errorf("remove nftables objects of %s: %w", owner, err))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	forget(ports, unmapped)
-	return nil
+		if len(ports) == 0 && len(keys) == 0 && !chain {
+			return nil
+		}
+		if err := flush(c, "remove nftables objects of %s", owner); err != nil {
+			return err
+		}
+		for _, hp := range ports {
+			mi.forgetPort(hp)
+		}
+		for _, k := range keys {
+			mi.forgetVerdict(k)
+		}
+		delete(mi.chains, owner)
+		return nil
+	})
 }
 
 // EgressOwners lists the owners whose egress chain is installed, read from
@@ -188,23 +170,21 @@ func (d *Dataplane) EgressOwners(ctx context.Context) (_ map[string]bool, err er
 		return nil, err
 	}
 	defer unlock()
-	c, err := d.dpConn()
+	fresh := d.nftm == nil // then mirror reads the kernel now
+	out := map[string]bool{}
+	err = d.tryOnce(func(c *nftables.Conn, mi *nftMirror) error {
+		if !fresh {
+			chains, err := c.ListChainsOfTableFamily(d.table().Family)
+			if err != nil {
+				return fmt.Errorf("list egress chains: %w", err)
+			}
+			mi.setChains(d.table().Name, chains)
+		}
+		maps.Copy(out, mi.chains)
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer d.settleNFT(&err)
-	chains, err := c.ListChainsOfTableFamily(d.table().Family)
-	if err != nil {
-		return nil, fmt.Errorf("list egress chains: %w", err)
-	}
-	out := map[string]bool{}
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != d.table().Name {
-			continue
-		}
-		if owner, ok := bytes.CutPrefix([]byte(ch.Name), []byte("sb-")); ok {
-			out[string(owner)] = true
-		}
 	}
 	return out, nil
 }

@@ -19,14 +19,14 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (netns, veth, nftables)")
 	}
 }
 
-func randU32(t *testing.T) uint32 {
+func randU32(t testing.TB) uint32 {
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)
@@ -36,7 +36,7 @@ func randU32(t *testing.T) uint32 {
 
 // testConfig returns a Config whose names, transit subnet and port range
 // are unique to this test, so tests can run next to other dataplanes.
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	t.Helper()
 	r := randU32(t)
 	tag := fmt.Sprintf("%06x", r&0xffffff)
@@ -55,7 +55,7 @@ func testConfig(t *testing.T) Config {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -63,7 +63,7 @@ func ctxT(t *testing.T) context.Context {
 
 // openDP opens a dataplane and registers Destroy plus a check that nothing
 // of it is left on the host.
-func openDP(t *testing.T, cfg Config) *Dataplane {
+func openDP(t testing.TB, cfg Config) *Dataplane {
 	t.Helper()
 	t.Cleanup(func() { assertNothingLeft(t, cfg) })
 	d, err := Open(ctxT(t), cfg)
@@ -89,7 +89,7 @@ func openDP(t *testing.T, cfg Config) *Dataplane {
 
 // assertNothingLeft fails the test if the host still holds a link, table or
 // pin of cfg, and removes what it finds.
-func assertNothingLeft(t *testing.T, cfg Config) {
+func assertNothingLeft(t testing.TB, cfg Config) {
 	t.Helper()
 	if l, err := netlink.LinkByName(cfg.HostVeth); err == nil {
 		t.Errorf("host link %s left behind", cfg.HostVeth)

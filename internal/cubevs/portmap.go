@@ -48,17 +48,13 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 		return fmt.Errorf("map host port %d for %q: %s is attached to %q: %w",
 			m.HostPort, m.Owner, m.SandboxIP, other, errdefs.ErrConflict)
 	}
-	c, err := d.dpConn()
-	if err != nil {
-		return err
-	}
-	defer d.settleNFT(&err)
-	ports, err := d.portsOf(c)
-	if err != nil {
-		return err
-	}
+	return d.retryStale(func(c *nftables.Conn, mi *nftMirror) error { return d.addMapping(c, mi, m) })
+}
+
+// addMapping checks m against the mirror, then maps it in one transaction.
+func (d *Dataplane) addMapping(c *nftables.Conn, mi *nftMirror, m Mapping) error {
 	set := d.portmapSet()
-	if old, ok := ports[m.HostPort]; ok {
+	if old, ok := mi.ports[m.HostPort]; ok {
 		if old.Owner != m.Owner {
 			return fmt.Errorf("host port %d is mapped to %s:%d owned by %q; %q cannot take it: %w",
 				m.HostPort, old.SandboxIP, old.GuestPort, old.Owner, m.Owner, errdefs.ErrConflict)
@@ -73,126 +69,82 @@ func (d *Dataplane) AddMapping(ctx context.Context, m Mapping) (err error) {
 	if err := c.SetAddElements(set, []nftables.SetElement{encodeMapping(m)}); err != nil {
 		return fmt.Errorf("add mapping %d: %w", m.HostPort, err)
 	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("add mapping %d -> %s:%d: %w", m.HostPort, m.SandboxIP, m.GuestPort, err)
+	if err := flush(c, "add mapping %d -> %s:%d", m.HostPort, m.SandboxIP, m.GuestPort); err != nil {
+		return err
 	}
-	ports[m.HostPort] = m
+	mi.putPort(m)
 	return nil
 }
 
-// portsOf returns the mirror of the port map set, reading the set once
-// when there is none. Every change this process makes to the set goes
-// through the dataplane's lock and updates the mirror once it is
-// committed; a failed operation drops the mirror with the connection
-// (dropNFT), and Mappings refreshes it from the kernel. So a create checks
-// its port against memory instead of dumping the whole set under the lock
-// (which grew with every sandbox on the node). The set lives in Cube's own
-// network namespace: nothing else is meant to write it.
-func (d *Dataplane) portsOf(c *nftables.Conn) (map[uint16]Mapping, error) {
-	if d.ports != nil {
-		return d.ports, nil
-	}
-	elems, err := c.GetSetElements(d.portmapSet())
-	if err != nil {
-		return nil, fmt.Errorf("read port map: %w", err)
-	}
-	d.ports = mirrorOf(elems)
-	return d.ports, nil
-}
-
-func mirrorOf(elems []nftables.SetElement) map[uint16]Mapping {
-	ports := make(map[uint16]Mapping, len(elems))
-	for _, e := range elems {
-		if m, ok := decodeMapping(e); ok {
-			ports[m.HostPort] = m
-		}
-	}
-	return ports
-}
-
 // RemoveMapping deletes the mapping of hostPort; an unmapped port is fine.
+// It looks the port up in the mirror: no read of the kernel's port map.
 func (d *Dataplane) RemoveMapping(ctx context.Context, hostPort uint16) error {
 	unlock, err := d.lock(ctx)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return d.deleteMappings(func(m Mapping) bool { return m.HostPort == hostPort })
+	return d.retryStale(func(c *nftables.Conn, mi *nftMirror) error {
+		if _, ok := mi.ports[hostPort]; !ok {
+			return nil
+		}
+		if err := d.queueUnmap(c, []uint16{hostPort}); err != nil {
+			return err
+		}
+		if err := flush(c, "delete mapping %d", hostPort); err != nil {
+			return err
+		}
+		mi.forgetPort(hostPort)
+		return nil
+	})
 }
 
-// Mappings reads the port map back from the kernel, sorted by host port.
+// Mappings reads the port map back from the kernel, sorted by host port,
+// and refreshes the mirror's port part with it.
 func (d *Dataplane) Mappings(ctx context.Context) (_ []Mapping, err error) {
 	unlock, err := d.lock(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	c, err := d.dpConn()
+	var out []Mapping
+	fresh := d.nftm == nil // then mirror reads the kernel now
+	err = d.tryOnce(func(c *nftables.Conn, mi *nftMirror) error {
+		if !fresh {
+			elems, err := c.GetSetElements(d.portmapSet())
+			if err != nil {
+				return fmt.Errorf("read port map: %w", err)
+			}
+			mi.setPorts(elems)
+		}
+		out = make([]Mapping, 0, len(mi.ports))
+		for _, m := range mi.ports {
+			out = append(out, m)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer d.settleNFT(&err)
-	elems, err := c.GetSetElements(d.portmapSet())
-	if err != nil {
-		return nil, fmt.Errorf("read port map: %w", err)
-	}
-	d.ports = mirrorOf(elems)
-	out := make([]Mapping, 0, len(d.ports))
-	for _, m := range d.ports {
-		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].HostPort < out[j].HostPort })
 	return out, nil
 }
 
-// deleteMappings removes, in one transaction, the elements matching del.
-func (d *Dataplane) deleteMappings(del func(Mapping) bool) (err error) {
-	c, err := d.dpConn()
-	if err != nil {
-		return err
+// queueUnmap queues, on c, the deletion of the mappings of hostPorts (all
+// in the mirror). Once the caller's transaction is committed it drops them
+// from the mirror.
+func (d *Dataplane) queueUnmap(c *nftables.Conn, hostPorts []uint16) error {
+	if len(hostPorts) == 0 {
+		return nil
 	}
-	defer d.settleNFT(&err)
-	ports, err := d.portsOf(c)
-	if err != nil {
-		return err
-	}
-	deleted, err := d.queueUnmap(c, ports, del)
-	if err != nil || len(deleted) == 0 {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("delete mappings: %w", err)
-	}
-	forget(ports, deleted)
-	return nil
-}
-
-// queueUnmap queues, on c, the deletion of the mappings in ports (the
-// mirror) that match del, and returns their host ports. Once the caller's
-// transaction is committed it drops them from the mirror with forget.
-func (d *Dataplane) queueUnmap(c *nftables.Conn, ports map[uint16]Mapping, del func(Mapping) bool) ([]uint16, error) {
-	var gone []nftables.SetElement
-	var hostPorts []uint16
-	for hp, m := range ports {
-		if del(m) {
-			gone = append(gone, nftables.SetElement{Key: portKey(hp)})
-			hostPorts = append(hostPorts, hp)
-		}
-	}
-	if len(gone) == 0 {
-		return nil, nil
+	gone := make([]nftables.SetElement, 0, len(hostPorts))
+	for _, hp := range hostPorts {
+		gone = append(gone, nftables.SetElement{Key: portKey(hp)})
 	}
 	if err := c.SetDeleteElements(d.portmapSet(), gone); err != nil {
-		return nil, fmt.Errorf("delete from %s: %w", d.portmapSet().Name, err)
+		return fmt.Errorf("delete from %s: %w", d.portmapSet().Name, err)
 	}
-	return hostPorts, nil
-}
-
-// forget drops committed deletions from the port mirror.
-func forget(ports map[uint16]Mapping, hostPorts []uint16) {
-	for _, hp := range hostPorts {
-		delete(ports, hp)
-	}
+	return nil
 }
 
 // encodeMapping lays out key = port (2 bytes), value = ip (4) . port (2,

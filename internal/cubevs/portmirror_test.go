@@ -44,7 +44,10 @@ func TestPortMirrorFollowsKernel(t *testing.T) {
 			t.Fatalf("step %d: %v", i, err)
 		}
 		d.mu.Lock()
-		mirror := maps.Clone(d.ports)
+		var mirror map[uint16]Mapping
+		if d.nftm != nil {
+			mirror = maps.Clone(d.nftm.ports)
+		}
 		d.mu.Unlock()
 		kernel, err := other.Mappings(ctx)
 		if err != nil {

@@ -1,6 +1,7 @@
 package cubevs
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -9,6 +10,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cube-dev/cube/internal/errdefs"
 )
 
 // nftables layout. Host netns, table ip <TablePrefix> (stateless, rebuilt
@@ -198,15 +201,23 @@ func (d *Dataplane) dpConn() (*nftables.Conn, error) {
 }
 
 // settleNFT discards the long-lived connection after a failed operation;
-// the next operation opens a clean one.
+// the next operation opens a clean one. The mirror goes with it unless the
+// operation was refused from the mirror itself (a conflict, decided before
+// anything was queued): whatever else failed may mean the kernel is unlike
+// the mirror.
 func (d *Dataplane) settleNFT(err *error) {
-	if *err != nil {
-		d.dropNFT()
+	if *err == nil {
+		return
+	}
+	m := d.nftm
+	d.dropNFT()
+	if errors.Is(*err, errdefs.ErrConflict) {
+		d.nftm = m
 	}
 }
 
 func (d *Dataplane) dropNFT() {
-	d.ports = nil // whatever failed may have left the kernel unlike the mirror
+	d.nftm = nil
 	if d.nft != nil {
 		d.nft.CloseLasting()
 		d.nft = nil

@@ -122,6 +122,37 @@ func TestFollowAcrossRestart(t *testing.T) {
 	}
 }
 
+// Stop returns once the pipe is drained, not when the grace runs out (the
+// node keeps the FIFO open, so the reader never sees end-of-file): every
+// kill stops a follower, and waiting out the grace cost each kill 200 ms.
+// What was in the pipe is still read.
+func TestStopReturnsOnceDrained(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, PipeFile)
+	if err := MakePipe(p); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, Config{Dir: filepath.Join(dir, "logs")})
+	fw, err := s.Follow("sb1", p, func(err error) { t.Error(err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := writer(t, p)
+	for i := 0; i < 100; i++ {
+		writeLine(t, w, fmt.Sprintf(`{"level":"INFO","msg":"line %d"}`, i))
+	}
+	const grace = 10 * time.Second
+	start := time.Now()
+	fw.Stop(grace)
+	if took := time.Since(start); took > grace/2 {
+		t.Errorf("Stop waited %s of its %s grace with the pipe drained", took, grace)
+	}
+	got, _ := s.Read("sb1", nodeproto.LogQuery{Backward: true, Limit: 1})
+	if len(got) != 1 || got[0].Message != "line 99" {
+		t.Errorf("last line after Stop: %+v", got)
+	}
+}
+
 // A sandbox that writes as fast as it can is cut to the rate, and the
 // store says how many lines it dropped.
 func TestFollowRateLimit(t *testing.T) {
