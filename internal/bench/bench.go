@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,13 +20,19 @@ import (
 )
 
 // Phases, in the order they run (restart last: it replaces the server process).
-var Phases = []string{"floor", "serial", "concurrent", "sdk", "memory", "density", "restart"}
+var Phases = []string{"floor", "serial", "metrics", "concurrent", "sdk", "memory", "density", "restart"}
 
 // Config is one `cube bench` run.
 type Config struct {
 	Server, APIKey, Template string
 	NSerial, NConcurrent     int
 	Concurrency              int
+	// MetricsURL is the measured Cube's /metrics (its --metrics-listen);
+	// the metrics phase runs MetricsN serial creates without and
+	// MetricsN with a scraper of it every MetricsEvery. "": no phase.
+	MetricsURL   string
+	MetricsN     int
+	MetricsEvery time.Duration
 	// SDK sample counts (the node script is slower to drive).
 	SDKSerial, SDKConcurrent int
 	MemorySandboxes          int
@@ -70,16 +77,19 @@ type Machine struct {
 
 // Result is everything one run measured; absent phases are nil.
 type Result struct {
-	Machine        Machine        `json:"machine"`
-	Server         string         `json:"server"`
-	Template       string         `json:"template"`
-	Floor          *FloorResult   `json:"floor,omitempty"`
-	RESTSerial     *CreateResult  `json:"restSerial,omitempty"`
-	RESTConcurrent *CreateResult  `json:"restConcurrent,omitempty"`
-	SDK            *SDKResult     `json:"sdk,omitempty"`
-	Memory         *MemoryResult  `json:"memory,omitempty"`
-	Density        *DensityResult `json:"density,omitempty"`
-	Restart        *RestartResult `json:"restart,omitempty"`
+	Machine        Machine       `json:"machine"`
+	Server         string        `json:"server"`
+	Template       string        `json:"template"`
+	Floor          *FloorResult  `json:"floor,omitempty"`
+	RESTSerial     *CreateResult `json:"restSerial,omitempty"`
+	RESTConcurrent *CreateResult `json:"restConcurrent,omitempty"`
+	// ScrapeCost is the metrics phase: serial creates with /metrics
+	// scraped and not.
+	ScrapeCost *ScrapeCostResult `json:"scrapeCost,omitempty"`
+	SDK        *SDKResult        `json:"sdk,omitempty"`
+	Memory     *MemoryResult     `json:"memory,omitempty"`
+	Density    *DensityResult    `json:"density,omitempty"`
+	Restart    *RestartResult    `json:"restart,omitempty"`
 	// Ratios are Cube latencies divided by the floor's (same percentile,
 	// serial to serial, concurrent to concurrent), keyed "<figure>.<pNN>".
 	Ratios map[string]float64 `json:"ratiosToFloor,omitempty"`
@@ -112,6 +122,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		log.Info("phase serial", "n", cfg.NSerial)
 		r := RunSerial(ctx, c, cfg.NSerial)
 		res.RESTSerial = &r
+	}
+	if cfg.enabled("metrics") && cfg.MetricsN > 0 {
+		if cfg.MetricsURL == "" {
+			log.Info("metrics phase skipped: no --metrics-url (the measured Cube's --metrics-listen)")
+		} else {
+			every := cmp.Or(cfg.MetricsEvery, time.Second)
+			log.Info("phase metrics", "n", cfg.MetricsN, "url", cfg.MetricsURL, "every", every)
+			r := RunScrapeCost(ctx, c, cfg.MetricsURL, cfg.MetricsN, every)
+			res.ScrapeCost = &r
+		}
 	}
 	if cfg.enabled("concurrent") && cfg.NConcurrent > 0 {
 		log.Info("phase concurrent", "n", cfg.NConcurrent, "concurrency", cfg.Concurrency)

@@ -21,7 +21,17 @@ type CreateResult struct {
 func RunSerial(ctx context.Context, c *Client, n int) CreateResult {
 	var create, kill Samples
 	start := time.Now()
-	var busy time.Duration
+	busy := serialCreates(ctx, c, n, &create, &kill)
+	r := finish(1, &create, &kill, time.Since(start))
+	if busy > 0 {
+		r.PerSec = round2(float64(r.Create.N) / busy.Seconds())
+	}
+	return r
+}
+
+// serialCreates creates and kills n sandboxes one at a time into create
+// and kill and returns the time spent creating.
+func serialCreates(ctx context.Context, c *Client, n int, create, kill *Samples) (busy time.Duration) {
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		t0 := time.Now()
 		id, err := c.Create(ctx)
@@ -35,11 +45,7 @@ func RunSerial(ctx context.Context, c *Client, n int) CreateResult {
 		err = c.Kill(context.WithoutCancel(ctx), id)
 		kill.Add(time.Since(t1), err)
 	}
-	r := finish(1, &create, &kill, time.Since(start))
-	if busy > 0 {
-		r.PerSec = round2(float64(r.Create.N) / busy.Seconds())
-	}
-	return r
+	return busy
 }
 
 // RunBursts creates n sandboxes in bursts of conc simultaneous creates; after

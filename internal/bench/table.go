@@ -29,6 +29,11 @@ func WriteTable(w io.Writer, r Result) error {
 		row("REST create->ready, serial", c.Create, fs)
 		row("REST kill, serial", c.Kill, nil)
 	}
+	if m := r.ScrapeCost; m != nil {
+		row("REST create->ready, serial, /metrics not scraped", m.Off.Create, fs)
+		row(fmt.Sprintf("REST create->ready, serial, /metrics scraped every %gs", m.EverySec), m.On.Create, fs)
+		row("GET /metrics (scrapes during those creates)", m.Scrape, nil)
+	}
 	if c := r.RESTConcurrent; c != nil {
 		row(fmt.Sprintf("REST create->ready, %d concurrent", c.Concurrency), c.Create, fc)
 		row(fmt.Sprintf("REST kill, %d concurrent", c.Concurrency), c.Kill, nil)
@@ -120,6 +125,11 @@ func notes(r Result) []string {
 	if c := r.RESTSerial; c != nil {
 		add("REST serial create", c.Create)
 		add("REST serial kill", c.Kill)
+	}
+	if m := r.ScrapeCost; m != nil {
+		add("metrics phase create, not scraped", m.Off.Create)
+		add("metrics phase create, scraped", m.On.Create)
+		add("metrics phase scrape", m.Scrape)
 	}
 	if c := r.RESTConcurrent; c != nil {
 		add("REST concurrent create", c.Create)

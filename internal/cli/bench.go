@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -77,6 +78,9 @@ floor of a static responder. docs/benchmarks.md says how each is read.`,
 	fs.StringVar(&jsonPath, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&cfg.Template, "template", "base", "template to create sandboxes from")
 	fs.IntVar(&cfg.NSerial, "n-serial", 200, "REST creates one at a time")
+	fs.StringVar(&cfg.MetricsURL, "metrics-url", "", "metrics phase: the measured Cube's /metrics (its --metrics-listen), e.g. http://127.0.0.1:9090/metrics (default: no metrics phase)")
+	fs.IntVar(&cfg.MetricsN, "metrics-n", 200, "metrics phase: REST creates one at a time with /metrics not scraped, and as many scraped")
+	fs.DurationVar(&cfg.MetricsEvery, "metrics-every", time.Second, "metrics phase: scrape interval")
 	fs.IntVar(&cfg.NConcurrent, "n-concurrent", 500, "REST creates in bursts of --concurrency")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 50, "burst size of the concurrent runs (REST, SDK, floor)")
 	fs.IntVar(&cfg.SDKSerial, "sdk-n-serial", 50, "SDK create+first command runs one at a time")

@@ -157,6 +157,12 @@ func (m *metrics) observeStep(kind, step string, d time.Duration) {
 // RegisterMetrics registers the node's metrics with reg.
 func (c *Cubelet) RegisterMetrics(reg prometheus.Registerer) error {
 	m := c.metrics
+	// The pool's templates (a bounded set, from the flags) have hit and
+	// miss series from the start, so a hit ratio shows 0, not "no data".
+	for _, t := range append([]PoolTarget{{Template: c.poolTemplate()}}, c.cfg.PoolTemplates...) {
+		m.poolHits.WithLabelValues(t.Template)
+		m.poolMisses.WithLabelValues(t.Template)
+	}
 	for _, col := range []prometheus.Collector{m.createDuration, m.createFailures, m.stepDuration,
 		m.killDuration, m.killFailures, m.poolHits, m.poolMisses, m.reconciled, m.reconcileTime, nodeCollector{c}} {
 		if err := reg.Register(col); err != nil {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,4 +94,46 @@ func (f Families) Value(name string, labels ...string) float64 {
 	default:
 		return m.GetGauge().GetValue()
 	}
+}
+
+// Missing returns the series names (as a query names them: a histogram's
+// _bucket, _sum or _count, a summary's _sum or _count) that have no
+// sample in any of the scrapes, in the order given.
+func Missing(series []string, scrapes ...Families) []string {
+	var out []string
+	for _, s := range series {
+		found := false
+		for _, f := range scrapes {
+			found = found || f.has(s)
+		}
+		if !found {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// has reports whether series has a sample in f.
+func (f Families) has(series string) bool {
+	switch fam := f[series]; fam.GetType() {
+	case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM, dto.MetricType_SUMMARY:
+		// Selected by its suffixed series only.
+	default:
+		if len(fam.GetMetric()) > 0 {
+			return true
+		}
+	}
+	for _, suf := range []string{"_bucket", "_sum", "_count"} {
+		base, ok := strings.CutSuffix(series, suf)
+		if !ok || len(f[base].GetMetric()) == 0 {
+			continue
+		}
+		switch f[base].GetType() {
+		case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM:
+			return true
+		case dto.MetricType_SUMMARY:
+			return suf != "_bucket"
+		}
+	}
+	return false
 }

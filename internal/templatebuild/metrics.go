@@ -63,10 +63,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Uploads of COPY archives through upload URLs with a valid token, by outcome (ok; error: too large, not a tar archive, or not stored).",
 		}, []string{"outcome"}),
 	}
-	// Every outcome exists from the start, so rates are defined before
-	// the first build ends.
+	// Every outcome and step type exists from the start, so rates are
+	// defined (and dashboards show 0, not "no data") before the first
+	// build ends.
 	for _, o := range []string{OutcomeReady, OutcomeError, OutcomeInterrupted} {
 		m.finished.WithLabelValues(o)
+		m.duration.WithLabelValues(o)
+	}
+	for _, typ := range []string{StepRun, StepCopy, StepEnv, StepWorkdir, StepUser} {
+		m.steps.WithLabelValues(typ, "false")
+		m.steps.WithLabelValues(typ, "true")
 	}
 	m.uploads.WithLabelValues("ok")
 	m.uploads.WithLabelValues("error")

@@ -125,9 +125,15 @@ func TestBuildMetricsOutcomes(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, v, c.want)
 		}
 	}
-	// No step succeeded.
-	if n := len(got["cube_template_build_step_duration_seconds"].GetMetric()); n != 0 {
-		t.Errorf("%d step series after builds whose steps never succeeded", n)
+	// No step succeeded: the step series are there from the start, at 0.
+	steps := got["cube_template_build_step_duration_seconds"].GetMetric()
+	if len(steps) != 10 {
+		t.Errorf("%d step series, want 10 (5 types, cached or not) from the start", len(steps))
+	}
+	for _, m := range steps {
+		if m.GetHistogram().GetSampleCount() != 0 {
+			t.Errorf("a step counted after builds whose steps never succeeded: %v", m)
+		}
 	}
 }
 

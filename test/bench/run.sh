@@ -28,8 +28,11 @@ DATA="$TMP/data"
 RUN="$TMP/run"
 mkdir -p "$DATA" "$RUN"
 API_KEY="bench_$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-PORT="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+PORT="$(free_port)"
 URL="http://127.0.0.1:$PORT"
+# Its Prometheus /metrics: the metrics phase creates with it scraped and not.
+METRICS_PORT="$(free_port)"
 # Names and ranges of this Cube; override to run two benches at once. The
 # host-port range must stay clear of the API port (an ephemeral one, >= 32768):
 # the host DNATs the whole range to the dataplane.
@@ -41,6 +44,7 @@ UP_FLAGS=(
 	# The bench measures capacity, not the per-key policy (a limit set in
 	# the environment would stop the density phase with 429s).
 	--create-rate-limit off --api-rate-limit off
+	--metrics-listen "127.0.0.1:$METRICS_PORT"
 )
 # More `cube up` flags for the benched Cube (also used by the teardown start),
 # e.g. CUBE_BENCH_UP_FLAGS="--pool-size 64 --pool-prestart=false".
@@ -116,6 +120,7 @@ if [[ -n "${CUBE_BENCH_POOL_READY:-}" ]]; then
 fi
 echo "bench: cube healthy; running cube bench"
 "$CUBE" bench --server "$URL" --api-key "$API_KEY" --data-dir "$DATA" \
+	--metrics-url "http://127.0.0.1:$METRICS_PORT/metrics" \
 	--cgroup-parent "${CUBE_BENCH_CGROUP:-cubebench}" --sdk-dir "$HERE" \
 	--restart-log "$TMP/cube-restarted.log" --json "$OUT" "$@"
 echo "bench: results in $OUT"

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-dev/cube/internal/grafanatest"
 	"github.com/cube-dev/cube/internal/promtest"
 )
 
@@ -92,6 +93,15 @@ func TestClusterMetrics(t *testing.T) {
 	}
 	if srv.Value("cube_cubelet_sandboxes", "state", "running") != -1 {
 		t.Error("the server exports node metrics")
+	}
+	// Every series the Grafana dashboard queries is in one of the scrapes
+	// (test/integration checks cube up the same way).
+	d, err := grafanatest.Load("../../deploy/kubernetes/chart/dashboards/cube.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing := promtest.Missing(d.Series("cube_"), srv, node); len(missing) > 0 {
+		t.Errorf("the dashboard queries series neither cube server nor cube cubelet exports: %v", missing)
 	}
 	// Heartbeats are counted under the registry's route, not logged at info.
 	heartbeats := 0.0

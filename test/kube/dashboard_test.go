@@ -2,7 +2,6 @@ package kube
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/cube-dev/cube/internal/grafanatest"
 )
 
 // The Grafana dashboard (deploy/kubernetes/dashboards/cube.json, shipped in
@@ -23,40 +24,11 @@ const (
 	observability = "../../docs/observability.md"
 )
 
-type dashboard struct {
-	Title      string `json:"title"`
-	UID        string `json:"uid"`
-	Templating struct {
-		List []struct{ Name, Type, Query string }
-	}
-	Panels []dashboardPanel `json:"panels"`
-}
-
-type dashboardPanel struct {
-	ID         int    `json:"id"`
-	Type       string `json:"type"`
-	Title      string `json:"title"`
-	Datasource *struct {
-		Type, UID string
-	} `json:"datasource"`
-	Targets []struct {
-		Expr         string `json:"expr"`
-		RefID        string `json:"refId"`
-		LegendFormat string `json:"legendFormat"`
-	} `json:"targets"`
-	Panels []dashboardPanel `json:"panels"` // of a collapsed row
-}
-
-func loadDashboard(t *testing.T) dashboard {
+func loadDashboard(t *testing.T) grafanatest.Dashboard {
 	t.Helper()
-	b, err := os.ReadFile(dashboardFile)
+	d, err := grafanatest.Load(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	var d dashboard
-	if err := dec.Decode(&d); err != nil {
-		t.Fatalf("%s: %v", dashboardFile, err)
 	}
 	return d
 }
@@ -109,43 +81,10 @@ func registeredMetrics(t *testing.T) map[string]bool {
 	return out
 }
 
-var (
-	promString   = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
-	promMatchers = regexp.MustCompile(`\{[^}]*\}`)
-	promRange    = regexp.MustCompile(`\[[^\]]*\]`)
-	promGrouping = regexp.MustCompile(`\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
-	promToken    = regexp.MustCompile(`[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?|[a-zA-Z_:][a-zA-Z0-9_:]*`)
-	// Functions, aggregations and keywords an expression may name.
-	promWords = map[string]bool{
-		"sum": true, "min": true, "max": true, "avg": true, "count": true, "topk": true, "bottomk": true,
-		"rate": true, "irate": true, "increase": true, "delta": true, "deriv": true, "histogram_quantile": true,
-		"clamp_min": true, "clamp_max": true, "scalar": true, "vector": true, "abs": true, "time": true,
-		"max_over_time": true, "min_over_time": true, "avg_over_time": true, "label_replace": true,
-		"and": true, "or": true, "unless": true, "bool": true, "offset": true, "group_left": true, "group_right": true,
-	}
-)
-
-// metricNames returns the metric names an expression selects, and the
-// words it uses that are neither a known function nor a metric of Cube's.
+// metricNames returns the Cube metric names an expression selects, and
+// the words it uses that are neither a known function nor a Cube metric.
 func metricNames(expr string) (metrics, unknown []string) {
-	e := promString.ReplaceAllString(expr, `""`)
-	e = promMatchers.ReplaceAllString(e, "")
-	e = promRange.ReplaceAllString(e, "")
-	e = promGrouping.ReplaceAllString(e, "")
-	for _, loc := range promToken.FindAllStringIndex(e, -1) {
-		w := e[loc[0]:loc[1]]
-		switch {
-		case w[0] >= '0' && w[0] <= '9':
-		case promWords[w]:
-		case strings.HasPrefix(strings.TrimSpace(e[loc[1]:]), "("):
-			unknown = append(unknown, w+"()")
-		case strings.HasPrefix(w, "cube_"):
-			metrics = append(metrics, w)
-		default:
-			unknown = append(unknown, w)
-		}
-	}
-	return metrics, unknown
+	return grafanatest.MetricNames(expr, "cube_")
 }
 
 // resolve maps a series name to its documented metric: histograms are
@@ -205,11 +144,7 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	}
 	used := map[string]bool{}
 	ids := map[int]string{}
-	var panels []dashboardPanel
-	for _, p := range d.Panels {
-		panels = append(panels, p)
-		panels = append(panels, p.Panels...)
-	}
+	panels := d.AllPanels()
 	queries := 0
 	for _, p := range panels {
 		if prev, dup := ids[p.ID]; dup {
