@@ -18,14 +18,14 @@ type Candidate struct {
 	// are on the node (a template it holds); only set for a template the
 	// server ships as layers, so only the missing ones travel.
 	LayersHeld, LayersTotal int
-	CPU         int  // schedulable vCPUs
-	MemoryMB    int64
-	MaxSBX      int
-	MaxCreates  int
-	UsedCPU     int
-	UsedMemMB   int64
-	Sandboxes   int
-	Inflight    int // creates in progress
+	CPU                     int // schedulable vCPUs
+	MemoryMB                int64
+	MaxSBX                  int
+	MaxCreates              int
+	UsedCPU                 int
+	UsedMemMB               int64
+	Sandboxes               int
+	Inflight                int // creates in progress
 	// MemReserveMB is the memory the node keeps free by its Usage
 	// report (0: no usage-based check).
 	MemReserveMB int64

@@ -199,9 +199,9 @@ func TestScorePrefersIdleCPU(t *testing.T) {
 func TestPickPrefersNodesHoldingLayers(t *testing.T) {
 	stack := []string{"sha256:base", "sha256:mid", "sha256:top"}
 	refs := map[string][]TemplateRef{
-		"none":  nil,
-		"base":  {{Name: "base", Digest: "sha256:base"}},
-		"mid":   {{Name: "base", Digest: "sha256:base"}, {Name: "midtpl", Digest: "sha256:x", Layers: stack[:2]}},
+		"none": nil,
+		"base": {{Name: "base", Digest: "sha256:base"}},
+		"mid":  {{Name: "base", Digest: "sha256:base"}, {Name: "midtpl", Digest: "sha256:x", Layers: stack[:2]}},
 		// A sibling holds the bottom layer only inside its own rootfs.
 		"other": {{Name: "other", Digest: "sha256:other", Layers: []string{"sha256:base", "sha256:zzz"}}},
 	}

@@ -205,7 +205,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 	mux.Handle("/nodes", admin)
 	mux.Handle("/nodes/", admin)
 	builds, err := newTemplateBuilds(ctx, cfg.DataDir, st, buildSandboxes{m: m, reg: reg, dial: node.DialContext},
-		templatebuild.RegistryTemplates{Registry: templates}, templates, cfg.InsecureRegistries, metrics, log)
+		templatebuild.RegistryTemplates{Registry: templates}, templates, nil, cfg.InsecureRegistries, metrics, log)
 	if err != nil {
 		return fmt.Errorf("template builds: %w", err)
 	}

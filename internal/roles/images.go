@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 
@@ -20,12 +21,25 @@ import (
 // fromImage into the server's template registry, one template per image
 // (templatebuild.ImageTemplate of its manifest digest), which builds then
 // start from like any server template; in cluster mode nodes fetch it from
-// the server as any other.
+// the server as any other. With shared set (cluster mode), the template is
+// also stored in the control-plane store as one layer plus a record, so
+// every server replica ships it to nodes, and an image another replica
+// imported is reused from there instead of pulled again.
 type registryImages struct {
 	reg *template.Registry
 	// insecure lists the registries (HOST[:PORT], lowercase) the operator
 	// allows over plain HTTP; every other registry is pulled over HTTPS.
 	insecure []string
+	// shared is the store the replicas share; nil: this server only.
+	shared imageStore
+	log    *slog.Logger
+}
+
+func (m *registryImages) logger() *slog.Logger {
+	if m.log != nil {
+		return m.log
+	}
+	return slog.Default()
 }
 
 var _ templatebuild.Images = (*registryImages)(nil)
@@ -73,8 +87,9 @@ func (m *registryImages) plainHTTP(registry string) bool {
 }
 
 // Import resolves ref to its manifest digest (for the host's platform),
-// reuses the template an earlier import of that digest made, or imports the
-// image pinned to the digest under its name.
+// reuses the template an earlier import of that digest made (on this
+// replica, else recorded in the shared store by another), or imports the
+// image pinned to the digest under its name (and shares it).
 func (m *registryImages) Import(ctx context.Context, ref string, auth *templatebuild.RegistryAuth, progress io.Writer) (string, error) {
 	parsed, err := name.ParseReference(ref)
 	if err != nil {
@@ -88,39 +103,49 @@ func (m *registryImages) Import(ctx context.Context, ref string, auth *templateb
 	}
 	fmt.Fprintf(progress, "resolved %s to %s\n", ref, res.Pinned())
 	tpl := templatebuild.ImageTemplate(res.Digest)
-	if ok, err := m.imported(ctx, tpl, res); ok || err != nil {
+	if t, ok, err := m.imported(ctx, tpl, res); ok || err != nil {
 		if ok {
 			fmt.Fprintf(progress, "image %s already imported as template %s\n", res.Digest, tpl)
+			// An import of an earlier version, or one whose sharing failed.
+			m.share(ctx, t, progress)
+		}
+		return tpl, err
+	}
+	if ok, err := m.recorded(ctx, tpl); ok || err != nil {
+		if ok {
+			fmt.Fprintf(progress, "image %s already imported as template %s (by another server replica)\n", res.Digest, tpl)
 		}
 		return tpl, err
 	}
 	src.Ref, src.Progress = res.Pinned(), progress
-	if _, err := m.reg.ImportImage(ctx, tpl, src); err != nil {
+	t, err := m.reg.ImportImage(ctx, tpl, src)
+	if err != nil {
 		if errors.Is(err, errdefs.ErrAlreadyExists) { // another build imported it meanwhile
-			if ok, err := m.imported(ctx, tpl, res); ok || err != nil {
-				return tpl, err
+			if _, ok, err := m.imported(ctx, tpl, res); ok || err != nil {
+				return tpl, err // its importer shares it
 			}
 		}
 		return "", pullError(ref, registry, auth, err)
 	}
+	m.share(ctx, t, progress)
 	return tpl, nil
 }
 
-// imported reports whether template tpl exists and holds image res; a
+// imported returns template tpl when it exists and holds image res; a
 // template of that name holding something else is a conflict.
-func (m *registryImages) imported(ctx context.Context, tpl string, res template.ResolvedImage) (bool, error) {
+func (m *registryImages) imported(ctx context.Context, tpl string, res template.ResolvedImage) (template.Template, bool, error) {
 	t, err := m.reg.Get(ctx, tpl)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return false, nil
+		return template.Template{}, false, nil
 	}
 	if err != nil {
-		return false, err
+		return template.Template{}, false, err
 	}
 	if !strings.HasPrefix(t.Source, "image:") || !strings.HasSuffix(t.Source, "@"+res.Digest) {
-		return false, fmt.Errorf("template %s exists but does not hold image %s (its source: %q); remove it with `cube template rm %s`: %w",
+		return template.Template{}, false, fmt.Errorf("template %s exists but does not hold image %s (its source: %q); remove it with `cube template rm %s`: %w",
 			tpl, res.Pinned(), t.Source, tpl, errdefs.ErrConflict)
 	}
-	return true, nil
+	return t, true, nil
 }
 
 // pullError rewrites the registry failures whose advice is for `cube

@@ -277,7 +277,7 @@ func TestTemplateBuildFromImage(t *testing.T) {
 	defer st.Close()
 	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
 	node := &buildNode{reg: reg}
-	svc, err := newTemplateBuilds(ctx, dir, st, node, templatebuild.RegistryTemplates{Registry: reg}, reg, []string{host}, nil,
+	svc, err := newTemplateBuilds(ctx, dir, st, node, templatebuild.RegistryTemplates{Registry: reg}, reg, nil, []string{host}, nil,
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

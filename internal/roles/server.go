@@ -141,7 +141,8 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		// Template builds keep their records, logs and uploads in the store,
 		// so any replica answers for any build (docs/templates.md).
 		builds, err := newTemplateBuilds(ctx, cfg.DataDir, opened, buildSandboxes{m: m, reg: reg},
-			clusterTemplates{server: templatebuild.RegistryTemplates{Registry: templates}, reg: reg}, templates, cfg.InsecureRegistries, metrics, log)
+			clusterTemplates{server: templatebuild.RegistryTemplates{Registry: templates}, records: opened, reg: reg}, templates, opened,
+			cfg.InsecureRegistries, metrics, log)
 		if err != nil {
 			return fmt.Errorf("template builds: %w", err)
 		}

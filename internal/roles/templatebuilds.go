@@ -3,6 +3,7 @@ package roles
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/proxy"
+	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatebuild"
 )
@@ -77,11 +79,23 @@ func (b buildSandboxes) KillSandbox(ctx context.Context, id string) error {
 }
 
 // clusterTemplates is what exists for template builds in cluster mode:
-// the server's registry, then the templates nodes report (a built
-// template lives on the node that built it).
+// the server's registry, then the templates the control-plane store
+// records (built templates shipped as layers, images imported by any
+// server replica), then the templates nodes report (a template built
+// while the store was unreachable lives on its node only). Records come
+// before nodes because they carry the templates' defaults (a build starts
+// from its parent's env, workdir and user), which node reports lack.
 type clusterTemplates struct {
-	server templatebuild.RegistryTemplates
-	reg    *cluster.Registry
+	server  templatebuild.RegistryTemplates
+	records templateRecords // nil: none
+	reg     *cluster.Registry
+}
+
+// templateRecords reads the templates the store records (store.Store
+// implements it).
+type templateRecords interface {
+	GetTemplateRecord(ctx context.Context, name string) (store.TemplateRecord, error)
+	ListTemplateRecords(ctx context.Context) ([]store.TemplateRecord, error)
 }
 
 var _ templatebuild.Templates = clusterTemplates{}
@@ -94,6 +108,18 @@ func (c clusterTemplates) List(ctx context.Context) ([]templatebuild.TemplateInf
 	seen := map[string]bool{}
 	for _, t := range out {
 		seen[t.Name] = true
+	}
+	if c.records != nil {
+		recs, err := c.records.ListTemplateRecords(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list template records: %w", err)
+		}
+		for _, rec := range recs {
+			if !seen[rec.Name] {
+				seen[rec.Name] = true
+				out = append(out, recordInfo(rec))
+			}
+		}
 	}
 	for _, t := range c.reg.NodeTemplates() {
 		if !seen[t.Name] {
@@ -109,6 +135,15 @@ func (c clusterTemplates) Get(ctx context.Context, name string) (templatebuild.T
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		return t, err
 	}
+	if c.records != nil {
+		rec, err := c.records.GetTemplateRecord(ctx, name)
+		if err == nil {
+			return recordInfo(rec), nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return templatebuild.TemplateInfo{}, fmt.Errorf("template %q: %w", name, err)
+		}
+	}
 	for _, nt := range c.reg.NodeTemplates() {
 		if nt.Name == name {
 			return nodeTemplateInfo(nt), nil
@@ -117,8 +152,27 @@ func (c clusterTemplates) Get(ctx context.Context, name string) (templatebuild.T
 	return templatebuild.TemplateInfo{}, fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
 }
 
-// Delete removes the server's copy and the nodes' (a built template
-// lives on the node that built it).
+// recordInfo is a store record as the build service sees it, with the
+// defaults it was recorded with (unreadable ones are logged and left out).
+func recordInfo(rec store.TemplateRecord) templatebuild.TemplateInfo {
+	ti := templatebuild.TemplateInfo{Name: rec.Name, CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, DiskSizeMB: rec.DiskSizeMB,
+		Digest: rec.Digest, CreatedAt: rec.CreatedAt}
+	if len(rec.Defaults) == 0 || string(rec.Defaults) == "null" {
+		return ti
+	}
+	var d template.Defaults
+	if err := json.Unmarshal(rec.Defaults, &d); err != nil {
+		slog.Warn("template record has unreadable defaults", "template", rec.Name, "err", err)
+		return ti
+	}
+	ti.Env, ti.Workdir, ti.User = d.Env, d.Workdir, d.User
+	return ti
+}
+
+// Delete removes the server's copy, the nodes' (a built template lives
+// on the node that built it, and on the nodes that fetched it) and the
+// store's record (cluster.Registry.DeleteTemplate: also when no node
+// holds it).
 func (c clusterTemplates) Delete(ctx context.Context, name string) error {
 	serverErr := c.server.Delete(ctx, name)
 	if serverErr != nil && !errors.Is(serverErr, errdefs.ErrNotFound) {
@@ -141,9 +195,10 @@ func nodeTemplateInfo(t cluster.TemplateRef) templatebuild.TemplateInfo {
 // versions kept in <dataDir>/template-files.key, so URLs handed out before
 // an upgrade still work). Builds fromImage import their images into server,
 // the server's registry, over plain HTTP only from the registries insecure
-// lists.
+// lists; with shared (cluster mode, nil otherwise) they are also stored
+// there for every server replica, which reuse them from there.
 func newTemplateBuilds(ctx context.Context, dataDir string, st templatebuild.Store, sbx templatebuild.Sandboxes,
-	tpls templatebuild.Templates, server *template.Registry, insecure []string, metrics prometheus.Registerer, log *slog.Logger) (*templatebuild.Service, error) {
+	tpls templatebuild.Templates, server *template.Registry, shared imageStore, insecure []string, metrics prometheus.Registerer, log *slog.Logger) (*templatebuild.Service, error) {
 	bm, err := templatebuild.NewMetrics(metrics)
 	if err != nil {
 		return nil, err
@@ -152,6 +207,7 @@ func newTemplateBuilds(ctx context.Context, dataDir string, st templatebuild.Sto
 	if err != nil {
 		return nil, err
 	}
+	images.shared, images.log = shared, log.With("role", "template-builds")
 	secret, err := uploadSecret(ctx, st, filepath.Join(dataDir, "template-files.key"))
 	if err != nil {
 		return nil, err

@@ -29,17 +29,27 @@ const LayersSource = "layers:"
 // p.XattrDigest when set (ErrConflict). Atomic like every registration: a
 // failure leaves nothing. The top layer is kept as <name>/layer; the ones
 // below live on only in the rootfs (hard links).
+//
+// lower may be the zero Template: the rootfs then starts empty and the
+// bottom layer, a flat template's rootfs, is extracted into it as it is
+// (its digest checked there, before the layers above are applied). A
+// template made of that one layer is flat (no Layers in template.json),
+// as the template it was shipped from is.
 func (r *Registry) ImportLayers(ctx context.Context, name string, lower Template, layers []LayerSource, p Published) (Template, error) {
 	if err := validatePublished(p); err != nil {
 		return Template{}, fmt.Errorf("import template %q: %w", name, err)
 	}
 	if len(layers) == 0 {
-		return Template{}, fmt.Errorf("import template %q: no layers to put on %q: %w", name, lower.Name, errdefs.ErrInvalidArgument)
+		return Template{}, fmt.Errorf("import template %q: no layers to put on %q: %w", name, lowerName(lower), errdefs.ErrInvalidArgument)
 	}
-	if lower.RootfsPath == "" {
+	empty := lower.Name == "" && lower.Digest == "" && lower.RootfsPath == "" && len(lower.Layers) == 0
+	if lower.RootfsPath == "" && !empty {
 		return Template{}, fmt.Errorf("import template %q: lower template %q has no rootfs: %w", name, lower.Name, errdefs.ErrInvalidArgument)
 	}
-	chain := lower.LayerChain()
+	var chain []LayerRef
+	if !empty {
+		chain = lower.LayerChain()
+	}
 	for i, l := range layers {
 		if err := ValidateDigest(l.Ref.Digest); err != nil {
 			return Template{}, fmt.Errorf("import template %q: layer %d: %w", name, i, err)
@@ -51,18 +61,31 @@ func (r *Registry) ImportLayers(ctx context.Context, name string, lower Template
 	}
 	if !sameChain(chain, p.Layers) {
 		return Template{}, fmt.Errorf("import template %q: template %q plus %d layer(s) is not the published stack of %d layer(s): %w",
-			name, lower.Name, len(layers), len(p.Layers), errdefs.ErrInvalidArgument)
+			name, lowerName(lower), len(layers), len(p.Layers), errdefs.ErrInvalidArgument)
+	}
+	if len(p.Layers) == 1 && p.Layers[0].Digest != p.Digest {
+		// A flat template's one layer is its rootfs.
+		return Template{}, fmt.Errorf("import template %q: its one layer %s is not its digest %s: %w",
+			name, p.Layers[0].Digest, p.Digest, errdefs.ErrInvalidArgument)
 	}
 	return r.registerSpec(ctx, name, buildSpec{
 		want: p.Digest,
 		fill: func(ctx context.Context, rootfs string) (string, error) {
-			if err := LinkTree(ctx, lower.RootfsPath, rootfs); err != nil {
+			source, rest := LayersSource+lower.Name, layers
+			if empty {
+				// The bottom layer is a flat rootfs, taken as it is (a
+				// .wh. file there is a file, not a deletion).
+				if err := fetchLayerInto(ctx, layers[0], rootfs); err != nil {
+					return "", fmt.Errorf("template %q: layer %s: %w", name, layers[0].Ref.Digest, err)
+				}
+				source, rest = StreamSource, layers[1:]
+			} else if err := LinkTree(ctx, lower.RootfsPath, rootfs); err != nil {
 				return "", err
 			}
 			staging := filepath.Dir(rootfs)
-			for i, l := range layers {
+			for i, l := range rest {
 				dir := filepath.Join(staging, layerDir)
-				if i < len(layers)-1 {
+				if i < len(rest)-1 {
 					dir = filepath.Join(staging, ".layer-"+strconv.Itoa(i))
 				}
 				if err := fetchLayer(ctx, l, dir); err != nil {
@@ -71,7 +94,7 @@ func (r *Registry) ImportLayers(ctx context.Context, name string, lower Template
 				if err := putLayer(ctx, dir, rootfs); err != nil {
 					return "", fmt.Errorf("template %q: apply layer %s: %w", name, l.Ref.Digest, err)
 				}
-				if i < len(layers)-1 {
+				if i < len(rest)-1 {
 					if err := removeTree(dir); err != nil { // its inodes live on in rootfs
 						return "", err
 					}
@@ -80,7 +103,7 @@ func (r *Registry) ImportLayers(ctx context.Context, name string, lower Template
 			if err := unshareUserDBs(rootfs); err != nil {
 				return "", err
 			}
-			return LayersSource + lower.Name, nil
+			return source, nil
 		},
 		finish: func(ctx context.Context, rootfs string, t *Template) error {
 			if err := checkXattrDigest(ctx, name, rootfs, p.XattrDigest); err != nil {
@@ -88,10 +111,20 @@ func (r *Registry) ImportLayers(ctx context.Context, name string, lower Template
 			}
 			t.CPUCount, t.MemoryMB, t.DiskSizeMB = p.CPUCount, p.MemoryMB, p.DiskSizeMB
 			t.Defaults = p.Defaults
-			t.Layers = append([]LayerRef(nil), p.Layers...)
+			if len(p.Layers) > 1 {
+				t.Layers = append([]LayerRef(nil), p.Layers...)
+			}
 			return nil
 		},
 	})
+}
+
+// lowerName names lower in errors; the zero Template is the empty rootfs.
+func lowerName(lower Template) string {
+	if lower.Name == "" {
+		return "(empty)"
+	}
+	return lower.Name
 }
 
 // fetchLayer extracts the tar of l into the new directory dir with the
@@ -100,6 +133,12 @@ func fetchLayer(ctx context.Context, l LayerSource, dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("create layer dir: %w", err)
 	}
+	return fetchLayerInto(ctx, l, dir)
+}
+
+// fetchLayerInto extracts the tar of l into the existing empty directory
+// dir with the ImportTar rules and checks its digest.
+func fetchLayerInto(ctx context.Context, l LayerSource, dir string) error {
 	rc, err := l.Open(ctx)
 	if err != nil {
 		return fmt.Errorf("open: %w", err)

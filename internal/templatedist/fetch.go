@@ -42,7 +42,9 @@ type Fetcher struct {
 // with it. A layered template (Meta.Layers) is made instead from the
 // node's template holding the longest prefix of its layers (after fetching
 // Meta.BaseName when the node holds none) plus the missing layers, each
-// downloaded from LayerPrefix and checked against its digest; a server
+// downloaded from LayerPrefix and checked against its digest; a template
+// published with one layer (held by the server as a layer only) is that
+// layer extracted into an empty rootfs; a server
 // without layer routes, or layers it cannot serve, get the full stream as
 // before. Concurrent fetches of one name, in this
 // process or others sharing reg, import once: the others wait for the
@@ -68,7 +70,8 @@ func (f *Fetcher) Fetch(ctx context.Context, reg *template.Registry, name string
 
 // fetchFrom fetches name from the replica at base; layered says whether a
 // layered template may be fetched by layers (not for the bottom template
-// of one, which is flat).
+// of one, which is flat: a flat template published with its one layer
+// is fetched as that layer, whatever layered says).
 func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, name string, layered bool) (template.Template, error) {
 	ref, prefix, err := f.meta(ctx, base, name)
 	if err != nil {
@@ -80,7 +83,7 @@ func (f *Fetcher) fetchFrom(ctx context.Context, reg *template.Registry, base, n
 	if t, err := reg.Get(ctx, name); err == nil {
 		return sameDigest(t, ref.Digest)
 	}
-	if layered && len(ref.Layers) > 1 {
+	if len(ref.Layers) == 1 || layered && len(ref.Layers) > 1 {
 		t, err := f.fetchLayers(ctx, reg, base, ref)
 		if !errors.Is(err, errNoLayers) {
 			return t, err

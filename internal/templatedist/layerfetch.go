@@ -22,7 +22,9 @@ var errNoLayers = errors.New("not fetchable by layers")
 
 // fetchLayers registers ref's layered template from the node's template
 // holding the longest prefix of ref.Layers plus the missing layers, each
-// downloaded lazily from the replica at base.
+// downloaded lazily from the replica at base. A template of one layer (a
+// flat template the server holds only as a layer in the store, like an
+// image imported by another replica) is that layer alone, on nothing.
 func (f *Fetcher) fetchLayers(ctx context.Context, reg *template.Registry, base string, ref Meta) (template.Template, error) {
 	start := time.Now()
 	for _, l := range ref.Layers {
@@ -30,11 +32,16 @@ func (f *Fetcher) fetchLayers(ctx context.Context, reg *template.Registry, base 
 			return template.Template{}, fmt.Errorf("fetch template %q from %s: layer %w", ref.Name, base, err)
 		}
 	}
-	lower, err := f.lowerOf(ctx, reg, base, ref)
-	if err != nil {
-		return template.Template{}, fmt.Errorf("fetch template %q from %s by layers: %w", ref.Name, base, err)
+	var lower template.Template // the zero Template: an empty rootfs
+	held, from := 0, "(nothing)"
+	if len(ref.Layers) > 1 {
+		var err error
+		if lower, err = f.lowerOf(ctx, reg, base, ref); err != nil {
+			return template.Template{}, fmt.Errorf("fetch template %q from %s by layers: %w", ref.Name, base, err)
+		}
+		held, from = len(lower.LayerChain()), lower.Name
 	}
-	missing := ref.Layers[len(lower.LayerChain()):]
+	missing := ref.Layers[held:]
 	var bytes atomic.Int64
 	sources := make([]template.LayerSource, len(missing))
 	for i, l := range missing {
@@ -57,7 +64,7 @@ func (f *Fetcher) fetchLayers(ctx context.Context, reg *template.Registry, base 
 	if err != nil {
 		return template.Template{}, fmt.Errorf("fetch template %q from %s by layers: %w", ref.Name, base, err)
 	}
-	f.logger().Info("fetched template by layers", "template", ref.Name, "from", lower.Name,
+	f.logger().Info("fetched template by layers", "template", ref.Name, "from", from,
 		"layers", len(missing), "bytes", bytes.Load(), "duration", time.Since(start), "server", base)
 	return t, nil
 }
