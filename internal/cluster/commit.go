@@ -3,6 +3,7 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -33,7 +34,8 @@ func (r *Registry) CommitSandbox(ctx context.Context, req nodeproto.CommitReques
 	if err != nil {
 		return nodeproto.Template{}, fmt.Errorf("node %s: %w", n.rec.ID, err)
 	}
-	ref := TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB}
+	ref := TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
+		Layers: t.Layers, Defaults: json.RawMessage(t.DefaultsJSON)}
 	if _, err := r.persist(ctx, n.rec.ID, func(rec *NodeRecord, found bool) error {
 		if !found {
 			return fmt.Errorf("node %s: %w", n.rec.ID, errdefs.ErrNotFound) // deleted meanwhile: write nothing

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -58,7 +59,7 @@ func templatesFromProto(ts []*nodev1.Template) []TemplateRef {
 	out := make([]TemplateRef, 0, len(ts))
 	for _, t := range ts {
 		out = append(out, TemplateRef{Name: t.Name, Digest: t.Digest, CPUCount: int(t.CpuCount), MemoryMB: int(t.MemoryMb), DiskSizeMB: int(t.DiskSizeMb),
-			Layers: t.Layers})
+			Layers: t.Layers, Defaults: json.RawMessage(t.DefaultsJson)})
 	}
 	return out
 }

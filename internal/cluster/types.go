@@ -6,6 +6,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 )
 
@@ -52,6 +53,9 @@ type TemplateRef struct {
 	// Base names the flat template whose digest is Layers[0], for a
 	// template the server ships as layers (a store record).
 	Base string `json:"base,omitempty"`
+	// Defaults are the template's sandbox defaults as its template.json
+	// records them (nodes report them; empty for none or older nodes).
+	Defaults json.RawMessage `json:"defaults,omitempty"`
 }
 
 // chain is t's layer stack: its Layers, else its digest alone.

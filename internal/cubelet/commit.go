@@ -2,7 +2,6 @@ package cubelet
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -31,10 +30,8 @@ func (c *Cubelet) CommitSandbox(ctx context.Context, req nodeproto.CommitRequest
 	}
 	out := nodeproto.Template{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		Layers: LayerDigests(t)}
-	if t.Defaults != nil {
-		if out.DefaultsJSON, err = json.Marshal(t.Defaults); err != nil {
-			return nodeproto.Template{}, fmt.Errorf("template %s defaults: %w", t.Name, err)
-		}
+	if out.DefaultsJSON, err = DefaultsJSON(t); err != nil {
+		return nodeproto.Template{}, err
 	}
 	return out, nil
 }

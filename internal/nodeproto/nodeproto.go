@@ -73,7 +73,7 @@ type Template struct {
 	// (one, the Digest, for a flat template; none from older nodes).
 	Layers []string
 	// DefaultsJSON is the template's sandbox defaults as its template.json
-	// records them (nil for none); only commits report it.
+	// records them (nil for none).
 	DefaultsJSON []byte
 }
 

@@ -183,8 +183,12 @@ func (id nodeIdentity) infoFunc(templates *template.Registry, check *selfCheck) 
 func templatesToProto(ts []template.Template) []*nodev1.Template {
 	out := make([]*nodev1.Template, 0, len(ts))
 	for _, t := range ts {
+		d, err := cubelet.DefaultsJSON(t)
+		if err != nil {
+			continue // cannot happen for a template.json that loaded
+		}
 		out = append(out, &nodev1.Template{Name: t.Name, Digest: t.Digest, CpuCount: int32(t.CPUCount),
-			MemoryMb: int32(t.MemoryMB), DiskSizeMb: int32(t.DiskSizeMB), Layers: cubelet.LayerDigests(t)})
+			MemoryMb: int32(t.MemoryMB), DiskSizeMb: int32(t.DiskSizeMB), Layers: cubelet.LayerDigests(t), DefaultsJson: d})
 	}
 	return out
 }

@@ -83,8 +83,8 @@ func (b buildSandboxes) KillSandbox(ctx context.Context, id string) error {
 // records (built templates shipped as layers, images imported by any
 // server replica), then the templates nodes report (a template built
 // while the store was unreachable lives on its node only). Records come
-// before nodes because they carry the templates' defaults (a build starts
-// from its parent's env, workdir and user), which node reports lack.
+// before nodes: they are what the server ships; nodes report the defaults
+// of theirs too.
 type clusterTemplates struct {
 	server  templatebuild.RegistryTemplates
 	records templateRecords // nil: none
@@ -153,20 +153,35 @@ func (c clusterTemplates) Get(ctx context.Context, name string) (templatebuild.T
 }
 
 // recordInfo is a store record as the build service sees it, with the
-// defaults it was recorded with (unreadable ones are logged and left out).
+// defaults it was recorded with.
 func recordInfo(rec store.TemplateRecord) templatebuild.TemplateInfo {
 	ti := templatebuild.TemplateInfo{Name: rec.Name, CPUCount: rec.CPUCount, MemoryMB: rec.MemoryMB, DiskSizeMB: rec.DiskSizeMB,
 		Digest: rec.Digest, CreatedAt: rec.CreatedAt}
-	if len(rec.Defaults) == 0 || string(rec.Defaults) == "null" {
-		return ti
+	withDefaults(&ti, rec.Defaults)
+	return ti
+}
+
+// nodeTemplateInfo is a template a node reports, with the defaults it
+// reports (a build continuing from a step-cache template on a node starts
+// from the env, workdir and user of the cached steps).
+func nodeTemplateInfo(t cluster.TemplateRef) templatebuild.TemplateInfo {
+	ti := templatebuild.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB, Digest: t.Digest}
+	withDefaults(&ti, t.Defaults)
+	return ti
+}
+
+// withDefaults sets ti's process defaults from template.json's "defaults"
+// (unreadable ones are logged and left out).
+func withDefaults(ti *templatebuild.TemplateInfo, raw json.RawMessage) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return
 	}
 	var d template.Defaults
-	if err := json.Unmarshal(rec.Defaults, &d); err != nil {
-		slog.Warn("template record has unreadable defaults", "template", rec.Name, "err", err)
-		return ti
+	if err := json.Unmarshal(raw, &d); err != nil {
+		slog.Warn("template has unreadable defaults", "template", ti.Name, "err", err)
+		return
 	}
 	ti.Env, ti.Workdir, ti.User = d.Env, d.Workdir, d.User
-	return ti
 }
 
 // Delete removes the server's copy, the nodes' (a built template lives
@@ -183,10 +198,6 @@ func (c clusterTemplates) Delete(ctx context.Context, name string) error {
 		return nil
 	}
 	return nodeErr
-}
-
-func nodeTemplateInfo(t cluster.TemplateRef) templatebuild.TemplateInfo {
-	return templatebuild.TemplateInfo{Name: t.Name, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB, Digest: t.Digest}
 }
 
 // newTemplateBuilds starts the template build service over the store:

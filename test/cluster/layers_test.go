@@ -127,3 +127,45 @@ func envdFile(t *testing.T, c *cluster, id, token, path string) string {
 	}
 	return string(b)
 }
+
+// TestCachedRebuildKeepsStepState: in cluster mode the build service sees
+// the step cache through the nodes' reports; a rebuild that starts from a
+// cached step goes on with the workdir and env the cached steps set
+// (before, node reports carried no defaults: the remaining steps ran in the
+// default user's home).
+func TestCachedRebuildKeepsStepState(t *testing.T) {
+	c := newCluster(t)
+	c.addNode("cache-a", 1+mrand.IntN(120))
+	build := func(last string) buildInfo {
+		t.Helper()
+		var r struct{ TemplateID, BuildID string }
+		c.call(http.MethodPost, "/v3/templates", map[string]any{"name": "stateful"}, &r, 202)
+		steps := []map[string]any{
+			{"type": "USER", "args": []string{"root"}, "force": false},
+			{"type": "ENV", "args": []string{"FOO", "bar"}, "force": false},
+			{"type": "WORKDIR", "args": []string{"/work"}, "force": false},
+			{"type": "RUN", "args": []string{"echo one > one.txt", "root"}, "force": false},
+			{"type": "RUN", "args": []string{last, "root"}, "force": false},
+		}
+		c.call(http.MethodPost, "/v2/templates/"+r.TemplateID+"/builds/"+r.BuildID, map[string]any{"fromTemplate": "tiny", "steps": steps, "force": false}, nil, 202)
+		var st buildInfo
+		c.waitFor("the build to end", 2*time.Minute, func() bool {
+			c.call(http.MethodGet, "/templates/"+r.TemplateID+"/builds/"+r.BuildID+"/status", nil, &st, 200)
+			return st.Status == "ready" || st.Status == "error"
+		})
+		if st.Status != "ready" {
+			t.Fatalf("build ended %s: %+v\n%s", st.Status, st.Reason, st.logs())
+		}
+		return st
+	}
+	if logs := build("echo value=$FOO-$(pwd)-first").logs(); !strings.Contains(logs, "value=bar-/work-first") {
+		t.Fatalf("first build: no value=bar-/work-first in\n%s", logs)
+	}
+	logs := build("echo value=$FOO-$(pwd)-second").logs()
+	if !strings.Contains(logs, "step 4: cached") {
+		t.Fatalf("rebuild did not start from the cache:\n%s", logs)
+	}
+	if !strings.Contains(logs, "value=bar-/work-second") {
+		t.Fatalf("rebuild lost the workdir or env of its cached steps:\n%s", logs)
+	}
+}

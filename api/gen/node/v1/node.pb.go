@@ -44,7 +44,8 @@ type Template struct {
 	// nodes of an older version.
 	Layers []string `protobuf:"bytes,6,rep,name=layers,proto3" json:"layers,omitempty"`
 	// defaults_json is the template's sandbox defaults as template.json
-	// records them (docs/templates.md); only in CommitSandboxResponse.
+	// records them (docs/templates.md); empty for none. A template build
+	// continues from them (env, workdir, user of its cached steps).
 	DefaultsJson  []byte `protobuf:"bytes,7,opt,name=defaults_json,json=defaultsJson,proto3" json:"defaults_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
