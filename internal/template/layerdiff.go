@@ -99,7 +99,7 @@ func makeLayer(ctx context.Context, parent, rootfs, layer string) (int64, error)
 	}
 	defer unix.Close(lfd)
 	d := &differ{ctx: ctx, seen: map[inode]bool{}}
-	if _, err := d.dir(pfd, nfd, lfd, ""); err != nil {
+	if _, err := d.dir(pfd, nfd, &lazyDir{fd: lfd}, ""); err != nil {
 		return 0, fmt.Errorf("compare %s with %s: %w", rootfs, parent, err)
 	}
 	var st unix.Stat_t
@@ -116,17 +116,55 @@ func makeLayer(ctx context.Context, parent, rootfs, layer string) (int64, error)
 	return d.size, nil
 }
 
+// lazyDir is a directory of the layer, made only when something goes into
+// it: most directories of a parent hold no change, and making and removing
+// each cost more than the whole comparison.
+type lazyDir struct {
+	parent *lazyDir // nil for the layer's root (fd open from the start)
+	name   string
+	fd     int // -1 until made
+}
+
+// open makes the directory (and its missing ancestors) and returns its fd.
+func (l *lazyDir) open() (int, error) {
+	if l.fd >= 0 {
+		return l.fd, nil
+	}
+	pfd, err := l.parent.open()
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Mkdirat(pfd, l.name, 0o700); err != nil {
+		return -1, fmt.Errorf("mkdir in layer: %w", err)
+	}
+	fd, err := unix.Openat(pfd, l.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	l.fd = fd
+	return fd, nil
+}
+
+// close closes a directory open made (not the root's, which the caller
+// owns).
+func (l *lazyDir) close() {
+	if l.parent != nil && l.fd >= 0 {
+		unix.Close(l.fd)
+		l.fd = -1
+	}
+}
+
 type differ struct {
 	ctx  context.Context
 	size int64
 	seen map[inode]bool // regular files counted in size
 }
 
-// dir writes into the layer directory lfd the difference between the
+// dir writes into the layer directory ld the difference between the
 // rootfs directory nfd and the parent directory pfd (-1: the parent has no
 // directory there, everything is new); rel is their path. It reports
 // whether it wrote anything.
-func (d *differ) dir(pfd, nfd, lfd int, rel string) (bool, error) {
+func (d *differ) dir(pfd, nfd int, ld *lazyDir, rel string) (bool, error) {
 	names, err := dirNames(nfd)
 	if err != nil {
 		return false, fmt.Errorf("read /%s: %w", rel, err)
@@ -145,6 +183,10 @@ func (d *differ) dir(pfd, nfd, lfd int, rel string) (bool, error) {
 			if have[n] {
 				continue
 			}
+			lfd, err := ld.open()
+			if err != nil {
+				return false, err
+			}
 			if err := whiteout(lfd, n); err != nil {
 				return false, fmt.Errorf("whiteout /%s: %w", path.Join(rel, n), err)
 			}
@@ -156,7 +198,7 @@ func (d *differ) dir(pfd, nfd, lfd int, rel string) (bool, error) {
 			return false, err
 		}
 		r := path.Join(rel, n)
-		wrote, err := d.entry(pfd, nfd, lfd, n, r)
+		wrote, err := d.entry(pfd, nfd, ld, n, r)
 		if err != nil {
 			return false, fmt.Errorf("/%s: %w", r, err)
 		}
@@ -165,7 +207,7 @@ func (d *differ) dir(pfd, nfd, lfd int, rel string) (bool, error) {
 	return changed, nil
 }
 
-func (d *differ) entry(pfd, nfd, lfd int, n, rel string) (bool, error) {
+func (d *differ) entry(pfd, nfd int, ld *lazyDir, n, rel string) (bool, error) {
 	if strings.HasPrefix(n, whPrefix) {
 		return false, fmt.Errorf("a name starting with %q cannot be stored in a layer (it marks a deletion): rename it: %w", whPrefix, errdefs.ErrFailedPrecondition)
 	}
@@ -183,10 +225,14 @@ func (d *differ) entry(pfd, nfd, lfd int, n, rel string) (bool, error) {
 	}
 	if nst.Mode&unix.S_IFMT == unix.S_IFDIR {
 		parentDir := inParent && pst.Mode&unix.S_IFMT == unix.S_IFDIR
-		return d.subdir(pfd, nfd, lfd, n, rel, &nst, &pst, parentDir)
+		return d.subdir(pfd, nfd, ld, n, rel, &nst, &pst, parentDir)
 	}
 	if inParent && pst.Dev == nst.Dev && pst.Ino == nst.Ino {
 		return false, nil // the parent's own inode: unchanged
+	}
+	lfd, err := ld.open()
+	if err != nil {
+		return false, err
 	}
 	if err := unix.Linkat(nfd, n, lfd, n, 0); err != nil {
 		return false, fmt.Errorf("link into layer: %w", err)
@@ -200,7 +246,7 @@ func (d *differ) entry(pfd, nfd, lfd int, n, rel string) (bool, error) {
 
 // subdir handles the directory n of rootfs; parentDir says the parent has
 // a directory there too (pst).
-func (d *differ) subdir(pfd, nfd, lfd int, n, rel string, nst, pst *unix.Stat_t, parentDir bool) (bool, error) {
+func (d *differ) subdir(pfd, nfd int, ld *lazyDir, n, rel string, nst, pst *unix.Stat_t, parentDir bool) (bool, error) {
 	xs, _, err := fdXattrs(nfd, n)
 	if err != nil {
 		return false, err
@@ -223,19 +269,13 @@ func (d *differ) subdir(pfd, nfd, lfd int, n, rel string, nst, pst *unix.Stat_t,
 		return false, err
 	}
 	defer unix.Close(cnfd)
-	if err := unix.Mkdirat(lfd, n, 0o700); err != nil {
-		return false, fmt.Errorf("mkdir in layer: %w", err)
-	}
-	clfd, err := unix.Openat(lfd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
+	child := &lazyDir{parent: ld, name: n, fd: -1}
+	defer child.close()
+	wrote, err := d.dir(cpfd, cnfd, child, rel)
+	if err != nil || (!wrote && same) {
 		return false, err
 	}
-	wrote, err := d.dir(cpfd, cnfd, clfd, rel)
-	if err == nil && !wrote && same {
-		unix.Close(clfd)
-		return false, unix.Unlinkat(lfd, n, unix.AT_REMOVEDIR)
-	}
-	defer unix.Close(clfd)
+	clfd, err := child.open() // made already unless only its metadata changed
 	if err != nil {
 		return false, err
 	}

@@ -32,7 +32,6 @@ import (
 
 	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
-	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatedist"
 )
@@ -138,15 +137,7 @@ func newImageServer(t *testing.T, wrap func(http.Handler) http.Handler) *server 
 	if err := lp.AppendImage(img); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, filepath.Join(dir, "server.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	key, err := st.CreateKey(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, key := serverStore(t, dir)
 	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
 	tpl, err := reg.ImportImage(ctx, "img", template.ImageSource{Path: filepath.Join(dir, "layout")})
 	if err != nil {
@@ -377,12 +368,20 @@ func oldServer(next http.Handler) http.Handler {
 			w.Write(b)
 			return
 		}
-		var ref cluster.TemplateRef
-		if err := json.Unmarshal(rec.Body.Bytes(), &ref); err != nil {
+		// The metadata of that version: these fields only.
+		var meta map[string]json.RawMessage
+		if err := json.Unmarshal(rec.Body.Bytes(), &meta); err != nil {
 			w.Write(rec.Body.Bytes())
 			return
 		}
-		json.NewEncoder(w).Encode(ref)
+		for k := range meta {
+			switch k {
+			case "name", "digest", "cpuCount", "memoryMB", "diskSizeMB":
+			default:
+				delete(meta, k)
+			}
+		}
+		json.NewEncoder(w).Encode(meta)
 	})
 }
 

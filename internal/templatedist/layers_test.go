@@ -80,27 +80,13 @@ func (w *countingWriter) Flush() {
 // the handler, behind the request log.
 func newLayeredServer(t *testing.T, wrap func(http.Handler) http.Handler) *layeredServer {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("template import keeps owners: needs root")
-	}
-	ctx := context.Background()
-	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "server.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	key, err := st.CreateKey(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &layeredServer{reg: &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")},
-		st: st, key: key, log: &requestLog{bytes: map[string]int64{}}}
+	s := serveRegistry(t, wrap)
 	src := sampleRootfs(t)
 	if err := os.WriteFile(filepath.Join(src, "opt/big"), []byte(strings.Repeat("b", bigSize)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if s.base, err = s.reg.ImportDir(ctx, "base", src); err != nil {
+	var err error
+	if s.base, err = s.reg.ImportDir(context.Background(), "base", src); err != nil {
 		t.Fatal(err)
 	}
 	s.mid = commit(t, s.reg, "mid", s.base, func(root string) {
@@ -115,7 +101,20 @@ func newLayeredServer(t *testing.T, wrap func(http.Handler) http.Handler) *layer
 		}
 	})
 	s.top = commit(t, s.reg, "top", s.mid, func(root string) { write(t, root, "opt/top.txt", "from top\n") })
+	return s
+}
 
+// serveRegistry is a layeredServer whose registry is still empty (the
+// handler reads it per request: templates registered later are served).
+func serveRegistry(t testing.TB, wrap func(http.Handler) http.Handler) *layeredServer {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("template import keeps owners: needs root")
+	}
+	dir := t.TempDir()
+	st, key := serverStore(t, dir)
+	s := &layeredServer{reg: &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")},
+		st: st, key: key, log: &requestLog{bytes: map[string]int64{}}}
 	mux := http.NewServeMux()
 	templatedist.Mount(mux, templatedist.NewHandler(s.reg, st, st))
 	var h http.Handler = mux
@@ -135,7 +134,7 @@ func newLayeredServer(t *testing.T, wrap func(http.Handler) http.Handler) *layer
 
 // commit registers name as a layered template on parent, as the cubelet's
 // Commit does: a LinkTree of the parent's rootfs, changed by change.
-func commit(t *testing.T, reg *template.Registry, name string, parent template.Template, change func(root string)) template.Template {
+func commit(t testing.TB, reg *template.Registry, name string, parent template.Template, change func(root string)) template.Template {
 	t.Helper()
 	tpl, err := reg.Register(context.Background(), name, template.Meta{Parent: &parent, CPUCount: 2, MemoryMB: 256},
 		func(ctx context.Context, rootfs string) error {
@@ -154,7 +153,7 @@ func commit(t *testing.T, reg *template.Registry, name string, parent template.T
 	return tpl
 }
 
-func write(t *testing.T, root, rel, content string) {
+func write(t testing.TB, root, rel, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(root, rel), []byte(content), 0o644); err != nil {
 		t.Fatal(err)

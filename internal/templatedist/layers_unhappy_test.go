@@ -37,6 +37,19 @@ func onLayers(edit func(rec *httptest.ResponseRecorder, w http.ResponseWriter)) 
 	}
 }
 
+// noLayers is a tamper edit that answers a template's metadata without
+// its layers, as a server before layered templates did (and as an older
+// node reads it).
+func noLayers(b []byte, w http.ResponseWriter) {
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		panic(err)
+	}
+	delete(m, "layers")
+	delete(m, "baseName")
+	json.NewEncoder(w).Encode(m)
+}
+
 // assertOnly checks reg holds exactly the templates named and nothing
 // else but their lock files (no staging, no layer left behind).
 func assertOnly(t *testing.T, reg *template.Registry, names ...string) {
@@ -98,15 +111,7 @@ func TestFetchLayersFallback(t *testing.T) {
 		{"no layer routes", onLayers(func(_ *httptest.ResponseRecorder, w http.ResponseWriter) {
 			http.Error(w, `{"code":404,"message":"no route"}`, http.StatusNotFound)
 		}), true},
-		{"no layers in metadata", tamper("/templates/mid", func(b []byte, w http.ResponseWriter) {
-			var m map[string]any
-			if err := json.Unmarshal(b, &m); err != nil {
-				panic(err)
-			}
-			delete(m, "layers")
-			delete(m, "baseName")
-			json.NewEncoder(w).Encode(m)
-		}), false},
+		{"no layers in metadata", tamper("/templates/mid", noLayers), false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

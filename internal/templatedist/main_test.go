@@ -37,19 +37,10 @@ func newServer(t *testing.T, wrap func(http.Handler) http.Handler) *server {
 	if os.Geteuid() != 0 {
 		t.Skip("template import keeps owners: needs root")
 	}
-	ctx := context.Background()
 	dir := t.TempDir()
-	st, err := store.Open(ctx, filepath.Join(dir, "server.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	key, err := st.CreateKey(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, key := serverStore(t, dir)
 	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
-	tpl, err := reg.ImportDir(ctx, "tiny", sampleRootfs(t))
+	tpl, err := reg.ImportDir(context.Background(), "tiny", sampleRootfs(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +61,25 @@ func newServer(t *testing.T, wrap func(http.Handler) http.Handler) *server {
 	return &server{reg: reg, tpl: tpl, key: key, keys: st, url: srv.URL, srv: srv}
 }
 
+// serverStore opens a control-plane store in dir holding one API key (the
+// key is returned), closed when the test ends.
+func serverStore(t testing.TB, dir string) (store.Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(dir, "server.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	key, err := st.CreateKey(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, key
+}
+
 // nodeRegistry is an empty registry in a temp dir, as on a fresh node.
-func nodeRegistry(t *testing.T) *template.Registry {
+func nodeRegistry(t testing.TB) *template.Registry {
 	t.Helper()
 	dir := t.TempDir()
 	return &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
