@@ -4,24 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
-	"io"
-	"log"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/cube-dev/cube/internal/imagetest"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -38,24 +27,7 @@ func cliTestImage(t *testing.T, user string) v1.Image {
 		tw.Write([]byte(body))
 	}
 	tw.Close()
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config = v1.Config{Env: []string{"GREETING=hi"}, WorkingDir: "/work", User: user, Cmd: []string{"/bin/hello"}}
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return imagetest.Image(t, v1.Config{Env: []string{"GREETING=hi"}, WorkingDir: "/work", User: user, Cmd: []string{"/bin/hello"}}, buf.Bytes())
 }
 
 func TestTemplateCreateFromImage(t *testing.T) {
@@ -63,21 +35,10 @@ func TestTemplateCreateFromImage(t *testing.T) {
 		t.Skip("needs root: an import keeps file owners")
 	}
 	clearEnv(t)
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
-	ref, _ := name.ParseReference(host+"/app:1", name.Insecure)
-	if err := remote.Write(ref, cliTestImage(t, "app")); err != nil {
-		t.Fatal(err)
-	}
-	lay := filepath.Join(t.TempDir(), "layout")
-	p, err := layout.Write(lay, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendImage(cliTestImage(t, "4242")); err != nil {
-		t.Fatal(err)
-	}
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
+	registry.Push(t, "app:1", cliTestImage(t, "app"))
+	lay := imagetest.Layout(t, cliTestImage(t, "4242"))
 	data := t.TempDir()
 
 	for _, tc := range []struct {

@@ -4,30 +4,21 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"io"
-	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/imagetest"
 	"github.com/cube-dev/cube/internal/nodeproto"
 	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
@@ -52,26 +43,7 @@ func smallImage(t *testing.T, file, content string) v1.Image {
 		t.Fatal(err)
 	}
 	tw.Close()
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config = v1.Config{Env: []string{"GREETING=hi"}, WorkingDir: "/srv"}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return imagetest.Image(t, v1.Config{Env: []string{"GREETING=hi"}, WorkingDir: "/srv"}, buf.Bytes())
 }
 
 // Builds' images are imported from a real (in-process, plain-HTTP,
@@ -83,31 +55,16 @@ func TestRegistryImagesImport(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if u, p, ok := req.BasicAuth(); !ok || u != "bob" || p != "pw" {
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://") // 127.0.0.1:PORT
+	registry := imagetest.NewRegistry(t, imagetest.BasicAuth("bob", "pw"))
+	host := registry.Host // 127.0.0.1:PORT
 	app, other := smallImage(t, "etc/app.conf", "v1"), smallImage(t, "etc/other.conf", "v2")
 	for ref, img := range map[string]v1.Image{"team/app:1": app, "team/app:copy": app, "team/other:1": other} {
-		r, _ := name.ParseReference(host+"/"+ref, name.Insecure)
-		if err := remote.Write(r, img, remote.WithAuth(&authn.Basic{Username: "bob", Password: "pw"})); err != nil {
-			t.Fatal(err)
-		}
+		registry.Push(t, ref, img)
 	}
 	// The server's own docker credentials (valid here) are never used.
 	cfgDir := t.TempDir()
 	t.Setenv("DOCKER_CONFIG", cfgDir)
-	auth := base64.StdEncoding.EncodeToString([]byte("bob:pw"))
-	if err := os.WriteFile(filepath.Join(cfgDir, "config.json"), []byte(`{"auths":{"`+host+`":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	imagetest.DockerLogin(t, cfgDir, host, "bob", "pw")
 	dir := t.TempDir()
 	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
 	images, err := newRegistryImages(reg, []string{" " + strings.ToUpper(host)})
@@ -261,14 +218,10 @@ func TestTemplateBuildFromImage(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
 	img := smallImage(t, "etc/app.conf", "v1")
-	r, _ := name.ParseReference(host+"/app:1", name.Insecure)
-	if err := remote.Write(r, img); err != nil {
-		t.Fatal(err)
-	}
+	registry.Push(t, "app:1", img)
 	dir := t.TempDir()
 	st, err := store.OpenSQLite(ctx, filepath.Join(dir, "server.db"))
 	if err != nil {

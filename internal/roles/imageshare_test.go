@@ -5,23 +5,18 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-
 	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/imagetest"
 	"github.com/cube-dev/cube/internal/store"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatebuild"
@@ -42,32 +37,17 @@ func TestImageTemplatesSharedByReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	img := smallImage(t, "etc/app.conf", "v1")
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layerDigest, _ := layers[0].Digest()
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
+	ref := registry.Push(t, "team/app:1", img)
 	// blobs counts reads of the image's layer (a resolve reads the
 	// manifest and the config only).
-	var blobs atomic.Int64
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/blobs/"+layerDigest.String()) {
-			blobs.Add(1)
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
-	ref := host + "/team/app:1"
-	r, _ := name.ParseReference(ref, name.Insecure)
-	if err := remote.Write(r, img); err != nil {
-		t.Fatal(err)
-	}
+	layerDigest := imagetest.LayerDigest(t, img)
+	blobs := func() int { return registry.BlobReads(layerDigest) }
 	digest, _ := img.Digest()
 	tpl := templatebuild.ImageTemplate(digest.String())
 
-	if blobs.Load() != 0 {
+	if blobs() != 0 {
 		t.Fatal("layer read while pushing")
 	}
 	dir := t.TempDir()
@@ -89,8 +69,8 @@ func TestImageTemplatesSharedByReplicas(t *testing.T) {
 	regB, b := replica("b")
 
 	var progress bytes.Buffer
-	if got, err := a.Import(ctx, ref, nil, &progress); err != nil || got != tpl || blobs.Load() != 1 {
-		t.Fatalf("import on A: %q %v (layer read %d times)", got, err, blobs.Load())
+	if got, err := a.Import(ctx, ref, nil, &progress); err != nil || got != tpl || blobs() != 1 {
+		t.Fatalf("import on A: %q %v (layer read %d times)", got, err, blobs())
 	}
 	if !strings.Contains(progress.String(), "storing template "+tpl+" for the other server replicas") {
 		t.Errorf("A's progress:\n%s", progress.String())
@@ -108,12 +88,12 @@ func TestImageTemplatesSharedByReplicas(t *testing.T) {
 		t.Fatalf("layer stored: %v %v", has, err)
 	}
 
-	pulled := blobs.Load()
+	pulled := blobs()
 	progress.Reset()
 	if got, err := b.Import(ctx, ref, nil, &progress); err != nil || got != tpl {
 		t.Fatalf("import on B: %q %v", got, err)
 	}
-	if n := blobs.Load() - pulled; n != 0 || !strings.Contains(progress.String(), "already imported as template "+tpl+" (by another server replica)") {
+	if n := blobs() - pulled; n != 0 || !strings.Contains(progress.String(), "already imported as template "+tpl+" (by another server replica)") {
 		t.Fatalf("B read %d blobs; progress:\n%s", n, progress.String())
 	}
 	if _, err := regB.Get(ctx, tpl); !errors.Is(err, errdefs.ErrNotFound) {
@@ -168,9 +148,9 @@ func TestImageTemplatesSharedByReplicas(t *testing.T) {
 		Layers: []store.LayerRef{{Digest: "sha256:" + strings.Repeat("ab", 32)}}}); err != nil {
 		t.Fatal(err)
 	}
-	pulled = blobs.Load()
-	if got, err := b.Import(ctx, ref, nil, io.Discard); err != nil || got != tpl || blobs.Load() == pulled {
-		t.Fatalf("import on B without the layer: %q %v (blobs %d)", got, err, blobs.Load()-pulled)
+	pulled = blobs()
+	if got, err := b.Import(ctx, ref, nil, io.Discard); err != nil || got != tpl || blobs() == pulled {
+		t.Fatalf("import on B without the layer: %q %v (blobs %d)", got, err, blobs()-pulled)
 	}
 	if rec, err := st.GetTemplateRecord(ctx, tpl); err != nil || rec.Digest != onA.Digest {
 		t.Fatalf("record after B's import: %+v %v", rec, err)

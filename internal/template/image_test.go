@@ -4,10 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"io"
-	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,17 +18,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/imagetest"
 )
 
 func tarBytes(t *testing.T, entries ...tarEntry) []byte {
@@ -53,39 +48,6 @@ func tarBytes(t *testing.T, entries ...tarEntry) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
-}
-
-func layerOf(t *testing.T, data []byte) v1.Layer {
-	t.Helper()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// imageOf builds an image of the given layers and config for platform
-// linux/arch.
-func imageOf(t *testing.T, arch string, cfg v1.Config, layers ...[]byte) v1.Image {
-	t.Helper()
-	img := empty.Image
-	for _, l := range layers {
-		var err error
-		if img, err = mutate.AppendLayers(img, layerOf(t, l)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Config = "linux", arch, cfg
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }
 
 var testImageConfig = v1.Config{
@@ -120,7 +82,7 @@ func testImage(t *testing.T) v1.Image {
 		reg("d2f", "now a file", 0o644),
 		data,
 	)
-	return imageOf(t, runtime.GOARCH, testImageConfig, l1, l2)
+	return imagetest.Image(t, testImageConfig, l1, l2)
 }
 
 // checkImported asserts the rootfs and metadata of a template made from
@@ -169,30 +131,12 @@ func checkImported(t *testing.T, tm Template, sourcePrefix string) {
 	}
 }
 
-// startRegistry serves an in-process registry on loopback (plain HTTP).
-func startRegistry(t *testing.T) string {
-	t.Helper()
-	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://")
-}
-
-func push(t *testing.T, ref string, img v1.Image) {
-	t.Helper()
-	r, err := name.ParseReference(ref, name.Insecure)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := remote.Write(r, img); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestImportImageFromRegistry(t *testing.T) {
 	requireRoot(t)
 	ctx := testCtx(t)
-	host := startRegistry(t)
-	push(t, host+"/test/img:v1", testImage(t))
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
+	registry.Push(t, "test/img:v1", testImage(t))
 	r := newTestRegistry(t)
 
 	// Plain HTTP needs the explicit opt-in.
@@ -235,25 +179,20 @@ func TestImportImageFromRegistry(t *testing.T) {
 func TestImportImagePlatforms(t *testing.T) {
 	requireRoot(t)
 	ctx := testCtx(t)
-	host := startRegistry(t)
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
 	other := "s390x"
 	if runtime.GOARCH == other {
 		other = "amd64"
 	}
-	mine := imageOf(t, runtime.GOARCH, v1.Config{Env: []string{"WHO=mine"}}, tarBytes(t, reg("which", "mine", 0o644)))
-	theirs := imageOf(t, other, v1.Config{Env: []string{"WHO=theirs"}}, tarBytes(t, reg("which", "theirs", 0o644)))
+	mine := imagetest.Image(t, v1.Config{Env: []string{"WHO=mine"}}, tarBytes(t, reg("which", "mine", 0o644)))
+	theirs := imagetest.ImageFor(t, other, v1.Config{Env: []string{"WHO=theirs"}}, tarBytes(t, reg("which", "theirs", 0o644)))
 	add := func(idx v1.ImageIndex, img v1.Image, arch string) v1.ImageIndex {
 		return mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
 	}
-	pushIndex := func(ref string, idx v1.ImageIndex) {
-		r, _ := name.ParseReference(ref, name.Insecure)
-		if err := remote.WriteIndex(r, idx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pushIndex(host+"/multi:v1", add(add(empty.Index, theirs, other), mine, runtime.GOARCH))
-	pushIndex(host+"/foreign:v1", add(empty.Index, theirs, other))
-	push(t, host+"/single-foreign:v1", theirs)
+	registry.Push(t, "multi:v1", add(add(empty.Index, theirs, other), mine, runtime.GOARCH))
+	registry.Push(t, "foreign:v1", add(empty.Index, theirs, other))
+	registry.Push(t, "single-foreign:v1", theirs)
 	r := newTestRegistry(t)
 
 	tm, err := r.ImportImage(ctx, "multi", ImageSource{Ref: host + "/multi:v1", InsecureRegistry: true})
@@ -272,24 +211,11 @@ func TestImportImagePlatforms(t *testing.T) {
 	assertNoStaging(t, r)
 }
 
-func writeLayout(t *testing.T, img v1.Image) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "layout")
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 func TestImportImageFromOCI(t *testing.T) {
 	requireRoot(t)
 	ctx := testCtx(t)
 	img := testImage(t)
-	layoutDir := writeLayout(t, img)
+	layoutDir := imagetest.Layout(t, img)
 
 	dockerTar := filepath.Join(t.TempDir(), "img.tar")
 	tag, _ := name.NewTag("example.com/test/img:v1")
@@ -349,11 +275,11 @@ func TestImportImageHostile(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("safe"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tampered := writeLayout(t, imageOf(t, runtime.GOARCH, v1.Config{}, tarBytes(t, reg("f", "original", 0o644))))
+	tampered := imagetest.Layout(t, imagetest.Image(t, v1.Config{}, tarBytes(t, reg("f", "original", 0o644))))
 	// Replace the layer blob by another valid layer: same digest name,
 	// other content.
 	blobs, _ := filepath.Glob(filepath.Join(tampered, "blobs/sha256/*"))
-	other, _ := layerOf(t, tarBytes(t, reg("f", "evil", 0o644))).Compressed()
+	other, _ := imagetest.Layer(t, tarBytes(t, reg("f", "evil", 0o644))).Compressed()
 	otherData, _ := io.ReadAll(other)
 	replaced := false
 	for _, b := range blobs {
@@ -370,11 +296,11 @@ func TestImportImageHostile(t *testing.T) {
 		path string
 		want error
 	}{
-		{"dotdot entry", writeLayout(t, imageOf(t, runtime.GOARCH, v1.Config{}, tarBytes(t, reg("../../../../../../"+victim, "pwned", 0o644)))), errdefs.ErrInvalidArgument},
-		{"absolute symlink escape", writeLayout(t, imageOf(t, runtime.GOARCH, v1.Config{},
+		{"dotdot entry", imagetest.Layout(t, imagetest.Image(t, v1.Config{}, tarBytes(t, reg("../../../../../../"+victim, "pwned", 0o644)))), errdefs.ErrInvalidArgument},
+		{"absolute symlink escape", imagetest.Layout(t, imagetest.Image(t, v1.Config{},
 			tarBytes(t, symlink("esc", outside)), tarBytes(t, reg("esc/victim", "pwned", 0o644)))), errdefs.ErrInvalidArgument},
-		{"hard link outside", writeLayout(t, imageOf(t, runtime.GOARCH, v1.Config{}, tarBytes(t, hardlink("l", "../"+victim)))), errdefs.ErrInvalidArgument},
-		{"corrupt layer", writeLayout(t, imageOf(t, runtime.GOARCH, v1.Config{}, bytes.Repeat([]byte("not a tar "), 200))), errdefs.ErrInvalidArgument},
+		{"hard link outside", imagetest.Layout(t, imagetest.Image(t, v1.Config{}, tarBytes(t, hardlink("l", "../"+victim)))), errdefs.ErrInvalidArgument},
+		{"corrupt layer", imagetest.Layout(t, imagetest.Image(t, v1.Config{}, bytes.Repeat([]byte("not a tar "), 200))), errdefs.ErrInvalidArgument},
 		{"tampered layer", tampered, errdefs.ErrConflict},
 	}
 	r := newTestRegistry(t)
@@ -409,8 +335,8 @@ func TestImageUserResolution(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.user, func(t *testing.T) {
 			r := newTestRegistry(t)
-			img := imageOf(t, runtime.GOARCH, v1.Config{User: tc.user}, tarBytes(t, passwd))
-			tm, err := r.ImportImage(ctx, "u", ImageSource{Path: writeLayout(t, img)})
+			img := imagetest.Image(t, v1.Config{User: tc.user}, tarBytes(t, passwd))
+			tm, err := r.ImportImage(ctx, "u", ImageSource{Path: imagetest.Layout(t, img)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -426,7 +352,7 @@ func TestImportImageCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	r := newTestRegistry(t)
-	if _, err := r.ImportImage(ctx, "c", ImageSource{Path: writeLayout(t, testImage(t))}); !errors.Is(err, context.Canceled) {
+	if _, err := r.ImportImage(ctx, "c", ImageSource{Path: imagetest.Layout(t, testImage(t))}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 	assertNoStaging(t, r)
@@ -437,22 +363,9 @@ func TestImportImageCanceled(t *testing.T) {
 func TestImportImageCredentials(t *testing.T) {
 	requireRoot(t)
 	ctx := testCtx(t)
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if u, p, ok := req.BasicAuth(); !ok || u != "alice" || p != "s3cret" {
-			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	defer srv.Close()
-	host := strings.TrimPrefix(srv.URL, "http://")
-	ref, _ := name.ParseReference(host+"/private:v1", name.Insecure)
-	if err := remote.Write(ref, imageOf(t, runtime.GOARCH, v1.Config{}, tarBytes(t, reg("secret", "x", 0o644))),
-		remote.WithAuth(&authn.Basic{Username: "alice", Password: "s3cret"})); err != nil {
-		t.Fatal(err)
-	}
+	registry := imagetest.NewRegistry(t, imagetest.BasicAuth("alice", "s3cret"))
+	host := registry.Host
+	registry.Push(t, "private:v1", imagetest.Image(t, v1.Config{}, tarBytes(t, reg("secret", "x", 0o644))))
 	cfgDir := t.TempDir()
 	t.Setenv("DOCKER_CONFIG", cfgDir)
 	r := newTestRegistry(t)
@@ -460,10 +373,7 @@ func TestImportImageCredentials(t *testing.T) {
 	if _, err := r.ImportImage(ctx, "private", src); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "docker login") {
 		t.Fatalf("without credentials: %v", err)
 	}
-	auth := base64.StdEncoding.EncodeToString([]byte("alice:s3cret"))
-	if err := os.WriteFile(filepath.Join(cfgDir, "config.json"), []byte(`{"auths":{"`+host+`":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	imagetest.DockerLogin(t, cfgDir, host, "alice", "s3cret")
 	tm, err := r.ImportImage(ctx, "private", src)
 	if err != nil {
 		t.Fatal(err)

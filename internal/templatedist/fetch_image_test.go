@@ -17,21 +17,17 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cluster"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/imagetest"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatedist"
 )
@@ -111,35 +107,11 @@ func newImageServer(t *testing.T, wrap func(http.Handler) http.Handler) *server 
 		t.Skip("template import keeps owners and security.capability: needs root")
 	}
 	ctx := context.Background()
-	data := imageLayer(t)
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Config = "linux", runtime.GOARCH, imageConfig
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
+	img := imagetest.Image(t, imageConfig, imageLayer(t))
 	dir := t.TempDir()
-	lp, err := layout.Write(filepath.Join(dir, "layout"), empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lp.AppendImage(img); err != nil {
-		t.Fatal(err)
-	}
 	st, key := serverStore(t, dir)
 	reg := &template.Registry{Dir: filepath.Join(dir, "templates"), CacheDir: filepath.Join(dir, "cache")}
-	tpl, err := reg.ImportImage(ctx, "img", template.ImageSource{Path: filepath.Join(dir, "layout")})
+	tpl, err := reg.ImportImage(ctx, "img", template.ImageSource{Path: imagetest.Layout(t, img)})
 	if err != nil {
 		t.Fatal(err)
 	}

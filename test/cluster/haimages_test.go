@@ -8,26 +8,17 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/imagetest"
 	"github.com/cube-dev/cube/internal/pgtest"
 	"github.com/cube-dev/cube/internal/template"
 	"github.com/cube-dev/cube/internal/templatebuild"
@@ -44,26 +35,10 @@ func TestImageBuildsAcrossReplicas(t *testing.T) {
 	needBins(t)
 	dsn := pgtest.New(t).NewDatabase(t)
 	img := busyboxImage(t)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	layerDigest, _ := layers[0].Digest()
-	var layerReads atomic.Int64
-	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/blobs/"+layerDigest.String()) {
-			layerReads.Add(1)
-		}
-		inner.ServeHTTP(w, req)
-	}))
-	defer reg.Close()
-	host := strings.TrimPrefix(reg.URL, "http://")
-	ref := host + "/cube-test/busybox:1"
-	r, _ := name.ParseReference(ref, name.Insecure)
-	if err := remote.Write(r, img); err != nil {
-		t.Fatal(err)
-	}
+	layerDigest := imagetest.LayerDigest(t, img)
+	registry := imagetest.NewRegistry(t)
+	host := registry.Host
+	ref := registry.Push(t, "cube-test/busybox:1", img)
 	digest, _ := img.Digest()
 	imageTpl := templatebuild.ImageTemplate(digest.String())
 
@@ -116,8 +91,8 @@ func TestImageBuildsAcrossReplicas(t *testing.T) {
 	regOf := func(dir string) *template.Registry { return template.NewRegistry(filepath.Join(c.dir, dir)) }
 
 	logs := build(a, "ha-img-a")
-	if layerReads.Load() != 1 || !strings.Contains(logs, "storing template "+imageTpl+" for the other server replicas") {
-		t.Fatalf("build through A read the image's layer %d times; logs:\n%s", layerReads.Load(), logs)
+	if registry.BlobReads(layerDigest) != 1 || !strings.Contains(logs, "storing template "+imageTpl+" for the other server replicas") {
+		t.Fatalf("build through A read the image's layer %d times; logs:\n%s", registry.BlobReads(layerDigest), logs)
 	}
 	if _, err := regOf("server-a").Get(ctx, imageTpl); err != nil {
 		t.Fatalf("A's registry lacks the image template: %v", err)
@@ -139,8 +114,8 @@ func TestImageBuildsAcrossReplicas(t *testing.T) {
 	}
 
 	logs = build(b, "ha-img-b")
-	if layerReads.Load() != 1 || !strings.Contains(logs, "already imported as template "+imageTpl+" (by another server replica)") {
-		t.Fatalf("build through B read the image's layer %d times in all; logs:\n%s", layerReads.Load(), logs)
+	if registry.BlobReads(layerDigest) != 1 || !strings.Contains(logs, "already imported as template "+imageTpl+" (by another server replica)") {
+		t.Fatalf("build through B read the image's layer %d times in all; logs:\n%s", registry.BlobReads(layerDigest), logs)
 	}
 	if _, err := regOf("server-b").Get(ctx, imageTpl); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("B imported the image after all: %v", err)
@@ -205,24 +180,5 @@ func busyboxImage(t *testing.T) v1.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config = v1.Config{Env: []string{"PATH=/bin"}, WorkingDir: "/root"}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return imagetest.Image(t, v1.Config{Env: []string{"PATH=/bin"}, WorkingDir: "/root"}, buf.Bytes())
 }
