@@ -120,3 +120,22 @@ func addRateLimitFlags(fs *pflag.FlagSet) *api.RateLimits {
 	}
 	return l
 }
+
+// apiFlags are the flags of the processes that serve the E2B API (cube up
+// and cube server).
+type apiFlags struct {
+	Listen, DataDir, APIKey, Domain *string
+}
+
+// addAPIFlags adds --listen (described by listenUsage), --data-dir,
+// --api-key and --domain, each with its CUBE_* variable.
+func addAPIFlags(fs *pflag.FlagSet, f apiFlags, listenUsage string) {
+	fs.StringVar(f.Listen, "listen", "127.0.0.1:3000", listenUsage)
+	bindEnv(fs, "listen", "CUBE_LISTEN")
+	fs.StringVar(f.DataDir, "data-dir", "/var/lib/cube", "data directory")
+	bindEnv(fs, "data-dir", "CUBE_DATA_DIR")
+	fs.StringVar(f.APIKey, "api-key", "", "API key to accept (default: generate one on first start)")
+	bindEnv(fs, "api-key", "CUBE_API_KEY")
+	fs.StringVar(f.Domain, "domain", "", "domain for <port>-<id>.<domain> sandbox hosts")
+	bindEnv(fs, "domain", "CUBE_DOMAIN")
+}

@@ -36,16 +36,10 @@ Several replicas may share one PostgreSQL store (--db postgres://...).`,
 	}
 	fs := c.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address for the API, node registry and sandbox traffic")
-	bindEnv(fs, "listen", "CUBE_LISTEN")
-	fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/cube", "data directory")
-	bindEnv(fs, "data-dir", "CUBE_DATA_DIR")
+	af := apiFlags{Listen: &cfg.Listen, DataDir: &cfg.DataDir, APIKey: &cfg.APIKey, Domain: &cfg.Domain}
+	addAPIFlags(fs, af, "address for the API, node registry and sandbox traffic")
 	fs.StringVar(&cfg.DB, "db", "", "store: a SQLite path or a postgres:// URL (default <data-dir>/server.db)")
 	bindEnv(fs, "db", "CUBE_DB")
-	fs.StringVar(&cfg.APIKey, "api-key", "", "API key to accept (default: generate one on first start)")
-	bindEnv(fs, "api-key", "CUBE_API_KEY")
-	fs.StringVar(&cfg.Domain, "domain", "", "domain for <port>-<id>.<domain> sandbox hosts")
-	bindEnv(fs, "domain", "CUBE_DOMAIN")
 	fs.Var(funcValue{
 		typ: "roles",
 		get: func() string { return strings.Join(cfg.Roles, ",") },

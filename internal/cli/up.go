@@ -53,16 +53,10 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 	}
 	fs := c.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:3000", "address for the API and sandbox traffic")
-	bindEnv(fs, "listen", "CUBE_LISTEN")
-	fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/cube", "data directory")
-	bindEnv(fs, "data-dir", "CUBE_DATA_DIR")
+	af := apiFlags{Listen: &cfg.Listen, DataDir: &cfg.DataDir, APIKey: &cfg.APIKey, Domain: &cfg.Domain}
+	addAPIFlags(fs, af, "address for the API and sandbox traffic")
 	fs.StringVar(&cfg.RunDir, "run-dir", "/run/cube", "runtime directory for kernel anchors such as netns pins")
 	bindEnv(fs, "run-dir", "CUBE_RUN_DIR")
-	fs.StringVar(&cfg.APIKey, "api-key", "", "API key to accept (default: generate one on first start)")
-	bindEnv(fs, "api-key", "CUBE_API_KEY")
-	fs.StringVar(&cfg.Domain, "domain", "", "domain for <port>-<id>.<domain> sandbox hosts")
-	bindEnv(fs, "domain", "CUBE_DOMAIN")
 	fs.BoolVar(&cfg.KeepSandboxes, "keep-sandboxes", false, "leave sandboxes running when Cube stops")
 	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
 	bindEnv(fs, "envd", "CUBE_ENVD")
