@@ -143,3 +143,28 @@ func PrimeMigration(name string) {
 		_ = control.WriteFile(filepath.Join(dir, "tasks"), []byte(strconv.Itoa(unix.Gettid())))
 	}()
 }
+
+// JoinThread moves the calling OS thread into c in every v1 hierarchy of
+// the sandbox controllers (0 written to tasks: no migration lock, no RCU
+// grace period) and returns an fd of c's unified directory for
+// CLONE_INTO_CGROUP on v2 (-1 on v1; the caller closes it). A process the
+// thread forks next starts in c, so nothing migrates it. The caller must
+// be a locked OS thread, and moves itself back (JoinThread of the cgroup it
+// came from) before it runs anything that must not count against c. On
+// error the thread may be in some hierarchies only.
+func (c *Cgroup) JoinThread() (unifiedFD int, err error) {
+	if c.layout.Version == V2 {
+		d := c.dirs["unified"]
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("open cgroup %s: %w", d, err)
+		}
+		return fd, nil
+	}
+	for _, d := range uniqueDirs(c.dirs) {
+		if err := control.WriteFile(filepath.Join(d, "tasks"), []byte("0")); err != nil {
+			return -1, fmt.Errorf("move thread to cgroup %s: %w", d, err)
+		}
+	}
+	return -1, nil
+}

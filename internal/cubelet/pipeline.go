@@ -164,10 +164,12 @@ func (b *build) run(ctx context.Context, last int) (err error) {
 		}
 	}()
 	plan := b.plan(last)
-	if slices.Contains(plan, stepLaunch) {
-		// launch puts the init into its cgroup, a migration that waits
-		// for an RCU grace period on cgroup v1 (~15 ms): start that wait
-		// now, alongside the steps before it.
+	if b.c.shimNS != nil && slices.Contains(plan, stepLaunch) {
+		// A shim started in another mount namespace moves itself into
+		// its cgroup, a migration that waits for an RCU grace period on
+		// cgroup v1 (~15 ms): start that wait now, alongside the steps
+		// before it. Elsewhere nothing migrates: the shim is forked into
+		// its cgroup and the init into the sandbox's.
 		cgroup.PrimeMigration(nsrt.ShimCgroup(b.c.cfg.CgroupParent))
 	}
 	for _, i := range plan {

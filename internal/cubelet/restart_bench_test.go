@@ -103,6 +103,9 @@ func cgroupMemMiB(parent string) int64 {
 
 // benchNode is newTestNode sized for hundreds of sandboxes: a /22 and a
 // 1000-port range, names unique to the run, torn down at the end.
+// CUBE_BENCH_BIN=DIR starts sandboxes from the binaries `make build
+// BIN=DIR` put there instead of this test binary; CUBE_BENCH_LOG=debug
+// logs each create's step times.
 func benchNode(b *testing.B) (Config, *template.Registry) {
 	tmp, err := os.MkdirTemp("", "cbench-")
 	if err != nil {
@@ -120,10 +123,20 @@ func benchNode(b *testing.B) (Config, *template.Registry) {
 	net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.27.%d.0/22", octet))
 	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.12/30", octet))
 	net.PortMin, net.PortMax = 42000, 42999
+	exe, envd := os.Args[0], ""
+	if dir := os.Getenv("CUBE_BENCH_BIN"); dir != "" {
+		// Binaries as `make build BIN=dir` installs them: sandboxes start
+		// from cube-shim (cube-supervisor, envd and cube-reaper next to it)
+		// as on a node, not from this test binary.
+		needRoot(b)
+		exe, envd = filepath.Join(dir, ShimName), filepath.Join(dir, "envd")
+	} else {
+		envd = envdBinary(b)
+	}
 	cfg := Config{
-		StateDir: filepath.Join(tmp, "node"), Exe: os.Args[0], EnvdPath: envdBinary(b), EnvdVersion: "0.0.0-bench",
+		StateDir: filepath.Join(tmp, "node"), Exe: exe, EnvdPath: envd, EnvdVersion: "0.0.0-bench",
 		CgroupParent: "cube-bench-" + tag, Network: net,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: benchLogLevel()})),
 	}
 	templates := &template.Registry{Dir: filepath.Join(tmp, "templates"), CacheDir: filepath.Join(tmp, "cache")}
 	rootfs := filepath.Join(tmp, "rootfs")
@@ -159,4 +172,14 @@ func benchNode(b *testing.B) (Config, *template.Registry) {
 		os.RemoveAll(tmp)
 	})
 	return cfg, templates
+}
+
+// benchLogLevel is the benchmarks' log level: warn, or debug with
+// CUBE_BENCH_LOG=debug (each create then logs its step times, "sandbox
+// create steps").
+func benchLogLevel() slog.Level {
+	if os.Getenv("CUBE_BENCH_LOG") == "debug" {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }

@@ -83,18 +83,21 @@ func run(ctx context.Context, logger *slog.Logger, opts options) error {
 	if err != nil {
 		return err
 	}
-	srv := NewServer(cfg)
-	srv.SetLogger(logger)
 	ln, err := net.Listen("tcp", opts.addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.addr, err)
 	}
+	// Ready as soon as it listens: a connection made meanwhile waits in the
+	// backlog until Serve below, and a cold create no longer waits for the
+	// handlers to be built.
 	if opts.readyFD > 0 {
 		if err := signalReady(opts.readyFD); err != nil {
 			_ = ln.Close()
 			return err
 		}
 	}
+	srv := NewServer(cfg)
+	srv.SetLogger(logger)
 	logger.Info("envd listening", "addr", ln.Addr().String(), "version", Version)
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)

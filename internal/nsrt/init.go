@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,8 +14,9 @@ import (
 
 // InitMain is the body of `cube sandbox-init --state-dir DIR`; args are the
 // arguments after the subcommand. It runs as pid 1 of the sandbox's new
-// namespaces, started by the shim: it waits until the shim has placed it in
-// the sandbox cgroup, builds the root filesystem, pivots into it, drops
+// namespaces, started by the shim in the sandbox cgroup: it waits for the
+// shim's release (with the sandbox disk's mount, see initsync.go), builds
+// the root filesystem, pivots into it, drops
 // privileges (capabilities, no_new_privs, seccomp; see harden.go) and execs
 // the spec's init with the ready pipe on fd 3. Errors go to stderr (the
 // init log) and end the process with status 1.
@@ -74,29 +74,27 @@ func initMain(args []string) (err error) {
 			}
 		}()
 	}
-	layer, err := prepareLayer(spec)
+	// Wait for the shim: its message says the init is in the sandbox
+	// cgroup and carries the disk's mount; EOF means "give up".
+	syncSock := os.NewFile(syncFD, "sync")
+	how, disk, err := recvSync(syncSock)
+	syncSock.Close()
 	if err != nil {
 		return err
 	}
-	layerPipe := os.NewFile(layerFD, "layer")
-	if _, err := layerPipe.Write([]byte{1}); err != nil {
-		return fmt.Errorf("tell the shim the layer is ready: %w", err)
+	if disk != nil {
+		defer disk.Close()
 	}
-	layerPipe.Close()
-	// Wait for the shim: one byte means "you are in the sandbox cgroup", EOF
-	// means "give up".
-	syncPipe := os.NewFile(syncFD, "sync")
-	var b [1]byte
-	if n, _ := io.ReadFull(syncPipe, b[:]); n != 1 {
-		return errors.New("shim aborted the start")
-	}
-	syncPipe.Close()
 	// Only now, inside the sandbox cgroup, can a cgroup namespace root there.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox-init: no cgroup namespace: %v\n", err)
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
+	}
+	layer, err := prepareLayer(spec, disk)
+	if err != nil {
+		return err
 	}
 	if started != nil {
 		r := <-started
@@ -105,8 +103,11 @@ func initMain(args []string) (err error) {
 			return r.err
 		}
 		child = r.child
-		if err := child.joinCgroup(spec); err != nil {
-			return err
+		if how == syncMoved {
+			// Born before the init was moved: it is still outside.
+			if err := child.joinCgroup(spec); err != nil {
+				return err
+			}
 		}
 	}
 	if err := setupRoot(spec, layer, child); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,14 +24,9 @@ import (
 // InitCommand is the subcommand of the cube binary that runs InitMain.
 const InitCommand = "sandbox-init"
 
-// syncFD is the fd on which sandbox-init waits until the shim has put it
-// into the sandbox cgroup.
+// syncFD is the socket on which sandbox-init waits for the shim's release
+// message (initsync.go).
 const syncFD = 4
-
-// layerFD is the fd on which sandbox-init writes a byte once its writable
-// layer is prepared (the disk mounted): that happens before it joins the
-// sandbox cgroup, whose device allowlist has no loop devices.
-const layerFD = 5
 
 // ShimMain is the body of `cube shim`; args are the arguments after the
 // subcommand.
@@ -58,6 +52,12 @@ type workload struct {
 	status supervisor.ExitStatus
 	once   sync.Once
 	execs  chan supervisorExec // to the thread that started the init
+	// placed: the init was forked into cg (no migration; see startInit).
+	placed bool
+	// ready is the read end of the init's ready pipe, which the
+	// supervisor inherits and waits on (readyWait).
+	ready     *os.File
+	readyWait supervisor.ReadyWait
 }
 
 // supervisorExec asks the init's parent thread to exec; err gets the
@@ -72,7 +72,15 @@ func (w *workload) Pid() int                       { return w.pid }
 func (w *workload) Cgroup() control.Group          { return w.cg.Control() }
 func (w *workload) Kill(ctx context.Context) error { return killInit(ctx, w) }
 
+func (w *workload) Ready() supervisor.ReadyWait { return w.readyWait }
+
 func (w *workload) Exec(path string, argv, env []string) error {
+	// The supervisor inherits the ready pipe (Ready names its fd).
+	if w.ready != nil {
+		if _, err := unix.FcntlInt(uintptr(w.readyWait.FD), unix.F_SETFD, 0); err != nil {
+			return fmt.Errorf("pass the ready pipe on: %w", err)
+		}
+	}
 	req := supervisorExec{path: path, argv: argv, env: env, err: make(chan error, 1)}
 	w.execs <- req
 	return <-req.err
@@ -92,8 +100,9 @@ func killInit(ctx context.Context, w *workload) error {
 }
 
 // launch runs in the detached shim: it starts sandbox-init in new
-// namespaces, moves it into the sandbox cgroup, releases it and waits for
-// the init's readiness byte.
+// namespaces, in the sandbox cgroup, mounts the sandbox's disk, releases
+// the init and returns; the supervisor it execs next waits for the init's
+// readiness byte (workload.Ready).
 func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 	spec, err := readSpec(stateDir)
 	if err != nil {
@@ -106,21 +115,35 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 		if err := cgroup.MoveAll(name, os.Getpid()); err != nil {
 			return nil, fmt.Errorf("move shim out of the agent's cgroup: %w", err)
 		}
-	} else {
-		// Putting the init into the sandbox cgroup below waits for an
-		// RCU grace period on cgroup v1 unless one ended just before:
-		// start it now, while the init starts (the agent did too, at the
-		// start of the create; this keeps it fresh).
-		cgroup.PrimeMigration(name)
 	}
 	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
 	if err != nil {
 		return nil, err
 	}
+	// The disk is mounted here, outside the sandbox cgroup (its device
+	// allowlist has no loop devices), on another thread while the cgroup
+	// is made and the init starts; the init gets the mount at its release.
+	var disk *os.File
+	var diskc chan mountResult
+	defer func() {
+		if diskc != nil { // not collected: wait for it and drop it
+			if r := <-diskc; r.f != nil {
+				r.f.Close()
+			}
+		}
+		if disk != nil {
+			disk.Close()
+		}
+	}()
 	if spec.DiskSizeMB > 0 {
 		if err := placeDisk(stateDir, spec); err != nil {
 			return nil, err
 		}
+		diskc = make(chan mountResult, 1)
+		go func() {
+			f, err := mountDiskDetached(stateDir)
+			diskc <- mountResult{f, err}
+		}()
 	}
 	res := spec.Resources
 	if res.Devices == nil {
@@ -133,36 +156,31 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 	if err != nil {
 		return nil, err
 	}
-	syncR, syncW, err := os.Pipe()
+	syncShim, syncInit, err := syncSocket()
 	if err != nil {
 		logf.Close()
 		return nil, err
 	}
-	defer syncW.Close()
+	defer syncShim.Close()
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		logf.Close()
-		syncR.Close()
+		syncInit.Close()
 		return nil, err
 	}
-	defer readyR.Close()
-	layerR, layerW, err := os.Pipe()
-	if err != nil {
-		logf.Close()
-		syncR.Close()
-		readyW.Close()
-		return nil, err
-	}
-	defer layerR.Close()
+	defer func() {
+		if err != nil {
+			readyR.Close()
+		}
+	}()
 
 	w := &workload{cg: cg, done: make(chan struct{}), execs: make(chan supervisorExec)}
 	started := make(chan error, 1)
-	go runInit(spec, stateDir, []*os.File{logf, readyW, syncR, layerW}, w, started)
+	go runInit(spec, stateDir, []*os.File{logf, readyW, syncInit}, w, started)
 	err = <-started
 	logf.Close()
 	readyW.Close()
-	syncR.Close()
-	layerW.Close()
+	syncInit.Close()
 	if err != nil {
 		return nil, err
 	}
@@ -176,66 +194,35 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 			}
 		}
 	}()
-	if err := waitByte(layerR, spec.ReadyTimeout); err != nil {
-		return nil, fmt.Errorf("sandbox-init did not prepare its writable layer: %w", err)
-	}
-	if err := cg.AddProc(w.pid); err != nil {
-		return nil, fmt.Errorf("put init into the sandbox cgroup: %w", err)
-	}
-	if _, err := syncW.Write([]byte{1}); err != nil {
-		return nil, fmt.Errorf("release sandbox-init: %w", err)
-	}
-	syncW.Close()
-	return w, waitReady(readyR, w, spec.ReadyTimeout)
-}
-
-// waitReady blocks until init writes to its ready fd, exits, or the
-// timeout passes.
-func waitReady(readyR *os.File, w *workload, timeout time.Duration) error {
-	if err := readyR.SetReadDeadline(time.Now().Add(timeout)); err != nil {
-		return err
-	}
-	var b [1]byte
-	n, err := readyR.Read(b[:])
-	switch {
-	case n == 1:
-		return nil
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("sandbox init not ready after %s: %w", timeout, errdefs.ErrUnavailable)
-	case errors.Is(err, io.EOF):
-		// The ready fd closed: init exited (or closed it) before writing.
-		select {
-		case <-w.done:
-			return fmt.Errorf("sandbox init exited before it was ready (exit code %d%s): %w",
-				w.status.ExitCode, sigSuffix(w.status.Signal), errdefs.ErrFailedPrecondition)
-		case <-time.After(2 * time.Second):
-			return fmt.Errorf("sandbox init closed its ready fd without writing: %w", errdefs.ErrFailedPrecondition)
+	if diskc != nil {
+		r := <-diskc
+		diskc, disk = nil, r.f
+		if r.err != nil {
+			return nil, r.err
 		}
-	default:
-		return fmt.Errorf("read init readiness: %w", err)
 	}
-}
-
-// waitByte reads one byte from r within timeout.
-func waitByte(r *os.File, timeout time.Duration) error {
-	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
-		return err
-	}
-	var b [1]byte
-	if n, err := r.Read(b[:]); n != 1 {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return fmt.Errorf("no answer after %s: %w", timeout, errdefs.ErrUnavailable)
+	how := syncPlaced
+	if !w.placed {
+		// A migration (it waits for an RCU grace period on cgroup v1):
+		// only where the init could not be forked into its cgroup.
+		how = syncMoved
+		if err := cg.AddProc(w.pid); err != nil {
+			return nil, fmt.Errorf("put init into the sandbox cgroup: %w", err)
 		}
-		return fmt.Errorf("%w: %w", errdefs.ErrFailedPrecondition, err)
 	}
-	return nil
-}
-
-func sigSuffix(sig string) string {
-	if sig == "" {
-		return ""
+	if err := sendSync(syncShim, how, disk); err != nil {
+		return nil, err
 	}
-	return ", signal " + sig
+	syncShim.Close()
+	// The supervisor waits for the ready byte: its exec and start overlap
+	// the sandbox's own instead of following it.
+	fd, err := rawFD(readyR)
+	if err != nil {
+		return nil, err
+	}
+	w.ready = readyR
+	w.readyWait = supervisor.ReadyWait{FD: fd, Timeout: spec.ReadyTimeout, InitLog: filepath.Join(stateDir, InitLog)}
+	return w, nil
 }
 
 // runInit starts sandbox-init on a thread that is locked for the rest of
@@ -246,7 +233,7 @@ func sigSuffix(sig string) string {
 // watched through a pidfd and never reaped here: once the sandbox is ready
 // the same thread execs the supervisor (workload.Exec), which adopts the
 // init as its child and reaps it. files are the init's stdout/stderr,
-// ready fd (3), sync fd (4) and layer fd (5).
+// ready fd (3) and sync socket (4).
 func runInit(spec Spec, stateDir string, files []*os.File, w *workload, started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
 	if err := startInit(spec, stateDir, files, w); err != nil {
@@ -297,17 +284,83 @@ func startInit(spec Spec, stateDir string, files []*os.File, w *workload) (err e
 			}
 		}()
 	}
-	cmd := exec.Command("/proc/self/exe", InitCommand, "--state-dir", stateDir)
-	cmd.Args[0] = os.Args[0]
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdout, cmd.Stderr = files[0], files[0]
-	cmd.ExtraFiles = files[1:]
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL, Setsid: true}
-	if err := cmd.Start(); err != nil {
+	cgFD, leave, err := joinForClone(w.cg, spec.CgroupParent)
+	if err != nil {
+		return err
+	}
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command("/proc/self/exe", InitCommand, "--state-dir", stateDir)
+		cmd.Args[0] = os.Args[0]
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+		cmd.Stdout, cmd.Stderr = files[0], files[0]
+		cmd.ExtraFiles = files[1:]
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL, Setsid: true}
+		return cmd
+	}
+	cmd := newCmd()
+	w.placed = leave != nil || cgFD >= 0
+	if cgFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgFD
+	}
+	err = cmd.Start()
+	if err != nil && cgFD >= 0 {
+		// No clone3/CLONE_INTO_CGROUP here: the shim moves the init.
+		cmd, w.placed = newCmd(), false
+		err = cmd.Start()
+	}
+	if cgFD >= 0 {
+		unix.Close(cgFD)
+	}
+	if leave != nil {
+		if lerr := leave(); lerr != nil {
+			// The thread would exec the supervisor inside the sandbox's
+			// cgroup, where a freeze or kill of the sandbox reaches it.
+			if err == nil {
+				_ = syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+			}
+			return errors.Join(err, lerr)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("start sandbox-init: %w", err)
 	}
 	w.pid = cmd.Process.Pid
 	return nil
+}
+
+// joinForClone prepares the calling (locked) thread so that the process it
+// forks next starts in cg, with no migration (which waits for an RCU grace
+// period on cgroup v1, ~15 ms on the project's VM): on v1 the thread moves
+// itself into cg, and leave moves it back to the shims' cgroup (the thread
+// execs the supervisor later, which must stay outside the sandbox's); on
+// v2 it returns an fd for CLONE_INTO_CGROUP (the caller closes it). When
+// neither works (leave nil, fd -1) the init starts where the shim is and
+// the shim moves it.
+func joinForClone(cg *cgroup.Cgroup, parent string) (cgFD int, leave func() error, err error) {
+	back := func() error {
+		fd, err := cgroup.JoinThread(ShimCgroup(parent))
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return fmt.Errorf("return the shim's thread to its cgroup: %w", err)
+		}
+		return nil
+	}
+	fd, jerr := cg.JoinThread()
+	switch {
+	case jerr == nil && cg.Version() == cgroup.V2:
+		return fd, nil, nil
+	case jerr == nil:
+		return -1, back, nil
+	case cg.Version() == cgroup.V2:
+		return -1, nil, nil
+	}
+	// Partly moved: go back before forking.
+	if err := back(); err != nil {
+		return -1, nil, err
+	}
+	return -1, nil, nil
 }
 
 // enterNetNS moves the calling thread into the network namespace at path
@@ -340,4 +393,24 @@ func joinNetNS(path string) error {
 		return fmt.Errorf("join netns %s: %w", path, err)
 	}
 	return nil
+}
+
+// mountResult is the result of mountDiskDetached.
+type mountResult struct {
+	f   *os.File
+	err error
+}
+
+// rawFD is f's descriptor, without the switch to blocking mode that
+// (*os.File).Fd makes.
+func rawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(u uintptr) { fd = int(u) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }

@@ -19,13 +19,15 @@ func makeMountsPrivate() error {
 	return nil
 }
 
-// prepareLayer returns the directory that holds the writable layer: the sandbox's own
-// disk (mounted here) when it has a size limit, else the state dir. It runs
-// before sandbox-init joins the sandbox cgroup, whose device allowlist has
-// no loop devices.
-func prepareLayer(spec Spec) (string, error) {
+// prepareLayer returns the directory that holds the writable layer: the
+// sandbox's own disk, whose mount the shim hands over (disk, attached
+// here), when it has a size limit, else the state dir.
+func prepareLayer(spec Spec, disk *os.File) (string, error) {
 	if spec.DiskSizeMB > 0 {
-		return mountDisk(spec.StateDir)
+		if disk == nil {
+			return "", errors.New("the shim sent no disk mount")
+		}
+		return attachDisk(spec.StateDir, disk)
 	}
 	return spec.StateDir, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/seccomp"
+	"github.com/cube-dev/cube/internal/supervisor"
 )
 
 // Files and directories nsrt keeps in a sandbox state dir (next to the
@@ -272,19 +273,5 @@ func logTail(stateDir string, n int64) string {
 // InitLogTail returns the last n bytes of the sandbox's init log (its pid
 // 1's and envd's stderr) in stateDir, and whether they start mid-file.
 func InitLogTail(stateDir string, n int64) (tail string, cut bool) {
-	f, err := os.Open(filepath.Join(stateDir, InitLog))
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return "", false
-	}
-	off := max(fi.Size()-n, 0)
-	b := make([]byte, fi.Size()-off)
-	if _, err := f.ReadAt(b, off); err != nil {
-		return "", false
-	}
-	return string(b), off > 0
+	return supervisor.LogTail(filepath.Join(stateDir, InitLog), n)
 }

@@ -24,8 +24,9 @@ import (
 // user namespace: root inside holds capabilities over none of them.
 //
 //  1. pid 1 starts the workload's process (B) first thing, in a new user
-//     namespace with the spec's mapping; B blocks on a socket. Once pid 1
-//     is in the sandbox cgroup it moves B there too.
+//     namespace with the spec's mapping; B blocks on a socket. pid 1 was
+//     forked into the sandbox cgroup, so B starts there too (where the shim
+//     had to move pid 1 instead, pid 1 moves B after it).
 //  2. pid 1 clones the template (lower layer) and the writable layer (the
 //     sandbox disk, or the state dir) as detached mounts idmapped through
 //     B's user namespace (open_tree, mount_setattr(MOUNT_ATTR_IDMAP),
@@ -112,10 +113,12 @@ type usernsChild struct {
 // uid and gid 0 inside; B inherits the ready fd (3) and the release socket
 // (4).
 //
-// It runs on a thread of its own, first thing, while pid 1 prepares the
-// layer and waits for the shim (the Go runtime of B starts meanwhile), so
-// B starts outside the sandbox cgroup and its cgroup namespace: pid 1
-// moves it (joinCgroup) and B unshares a cgroup namespace itself. B dies
+// It runs on a thread of its own, first thing, while pid 1 waits for the
+// shim (the Go runtime of B starts meanwhile), so B starts outside pid 1's
+// cgroup namespace, which pid 1 makes only once released: B unshares a
+// cgroup namespace itself. B starts in pid 1's cgroup, the sandbox's
+// (unless the shim had to move pid 1 there: then pid 1 moves B too,
+// joinCgroup). B dies
 // with pid 1 (the kernel kills a pid namespace with its init), so it needs
 // no Pdeathsig, which would tie it to the forking thread.
 func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
@@ -187,7 +190,8 @@ type childResult struct {
 	err   error
 }
 
-// joinCgroup moves B into the sandbox cgroup, where pid 1 now is.
+// joinCgroup moves B into the sandbox cgroup, where the shim moved pid 1
+// after B started (syncMoved).
 func (c *usernsChild) joinCgroup(spec Spec) error {
 	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
 	if err != nil {
@@ -370,7 +374,8 @@ func usernsChildMain() error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	// pid 1 has moved B into the sandbox cgroup: root the namespace there.
+	// B is in the sandbox cgroup (born there, or moved by pid 1): root
+	// the namespace there.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		fmt.Fprintf(os.Stderr, "sandbox-init: workload: no cgroup namespace: %v\n", err)
 	}

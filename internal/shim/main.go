@@ -40,11 +40,15 @@ type Workload interface {
 	// runs on the thread that started the init (the init's parent-death
 	// signal is tied to that thread) and returns only if the exec failed.
 	Exec(path string, argv, env []string) error
+	// Ready says how the supervisor waits for the workload to be ready
+	// (the zero value: the launcher returned once it was).
+	Ready() supervisor.ReadyWait
 }
 
 // Launcher starts the workload described by the files in stateDir and
-// returns once it is ready. It runs inside the detached shim; on error it
-// must leave no process running.
+// returns once it is ready, or once it is started and Workload.Ready hands
+// the rest of the wait to the supervisor. It runs inside the detached
+// shim; on error it must leave no process running.
 type Launcher func(ctx context.Context, stateDir string) (Workload, error)
 
 // Main is the body of `cube shim --state-dir DIR`; args are the arguments
@@ -92,7 +96,7 @@ func start(stateDir string, status *os.File, launch Launcher) error {
 	if err != nil {
 		return fail(err)
 	}
-	path, argv := SupervisorCommand(supervisor.Args(stateDir, w.Pid(), w.Cgroup()))
+	path, argv := SupervisorCommand(append(supervisor.Args(stateDir, w.Pid(), w.Cgroup()), w.Ready().Args()...))
 	err = w.Exec(path, argv, os.Environ())
 	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

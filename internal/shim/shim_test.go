@@ -60,6 +60,7 @@ func (w *procWorkload) Kill(ctx context.Context) error {
 	}
 	return child.Wait(ctx)
 }
+func (w *procWorkload) Ready() supervisor.ReadyWait { return supervisor.ReadyWait{} }
 func (w *procWorkload) Exec(path string, argv, env []string) error {
 	if w.badExec {
 		path = "/nonexistent/cube-supervisor"

@@ -44,13 +44,19 @@ func Args(stateDir string, initPID int, cg control.Group) []string {
 }
 
 // Main is the body of `cube-supervisor --state-dir DIR --init-pid PID
-// --cgroup JSON`. It expects fd 3 to be the status pipe on which the
-// shim already said hello; it reports "done" there once it serves.
+// --cgroup JSON [--ready-fd N --ready-timeout D --init-log FILE]`. It
+// expects fd 3 to be the status pipe on which the shim already said hello;
+// it reports "done" there once it serves (and, with --ready-fd, once the
+// sandbox is ready: see ReadyWait).
 func Main(args []string) int {
 	fs := flag.NewFlagSet(BinaryName, flag.ContinueOnError)
 	stateDir := fs.String("state-dir", "", "sandbox state directory")
 	initPID := fs.Int("init-pid", 0, "pid of the sandbox's init, a child of this process")
 	cgJSON := fs.String("cgroup", "", "the sandbox's cgroup (JSON of control.Group)")
+	var ready ReadyWait
+	fs.IntVar(&ready.FD, "ready-fd", 0, "read end of the init's ready pipe: report done once it gets a byte (0: ready already)")
+	fs.DurationVar(&ready.Timeout, "ready-timeout", 30*time.Second, "how long to wait on --ready-fd")
+	fs.StringVar(&ready.InitLog, "init-log", "", "the init's log, quoted when it fails to get ready")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -61,7 +67,7 @@ func Main(args []string) int {
 		log.Error("supervisor needs --state-dir, --init-pid, --cgroup and a status pipe on fd 3", "cgroup", *cgJSON, "err", err)
 		return 2
 	}
-	if err := run(log, *stateDir, *initPID, cg, status); err != nil {
+	if err := run(log, *stateDir, *initPID, cg, status, ready); err != nil {
 		log.Error("supervisor failed", "err", err)
 		return 1
 	}
@@ -86,7 +92,7 @@ func (s *sandbox) Kill(ctx context.Context) error {
 func (s *sandbox) Freeze(ctx context.Context) error { return s.cg.Freeze(ctx) }
 func (s *sandbox) Thaw(ctx context.Context) error   { return s.cg.Thaw(ctx) }
 
-func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, status *os.File) error {
+func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, status *os.File, ready ReadyWait) error {
 	// A terminal's hangup or ^C must not end the sandbox. SIGTERM and
 	// SIGKILL do: the supervisor dies, and the init's parent-death signal
 	// (SIGKILL) takes the sandbox's pid namespace with it; the agent finds
@@ -106,16 +112,25 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 		return fail(fmt.Errorf("adopt sandbox init: %w", err))
 	}
 	sb := &sandbox{init: init, cg: cg}
-	exitCh := make(chan ExitStatus, 1)
-	go func() { exitCh <- waitInit(log, init) }()
+	initDone := make(chan struct{})
+	var initExit ExitStatus // set before initDone closes
+	go func() {
+		initExit = waitInit(log, init)
+		close(initDone)
+	}()
 	abort := func(err error) error {
 		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if kerr := sb.Kill(kctx); kerr != nil {
 			err = errors.Join(err, kerr)
 		}
-		<-exitCh
+		<-initDone
 		return fail(err)
+	}
+	if ready.FD > 0 {
+		if err := ready.wait(initDone, func() ExitStatus { return initExit }); err != nil {
+			return abort(err)
+		}
 	}
 
 	sock := filepath.Join(stateDir, SocketFile)
@@ -145,7 +160,8 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 	log.Info("sandbox started", "shimPid", os.Getpid(), "initPid", initPID)
 
 	go srv.serve(ln)
-	exit := <-exitCh
+	<-initDone
+	exit := initExit
 	exit.Schema = SchemaVersion
 	if err := atomicfile.WriteJSON(filepath.Join(stateDir, ExitFile), exit, 0o644); err != nil {
 		log.Error("record exit", "err", err)
