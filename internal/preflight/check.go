@@ -55,6 +55,7 @@ func Check(cfg Config, f Facts) Report {
 		checkNetNS(f),
 		checkHostNetNS(f),
 		checkUserNS(f),
+		checkPidMax(cfg, f),
 		checkRuntime(cfg, f),
 		checkNodeCIDR(cfg),
 		checkClusterOverlap("network.service-cidr", "Service", cfg.NodeCIDR, cfg.ServiceCIDRs),
@@ -152,6 +153,34 @@ func checkUserNS(f Facts) Result {
 		return warn(n, "sandboxes cannot run in a user namespace (%s): with --userns auto root inside a sandbox is root on the host; --userns on refuses to create sandboxes", f.UserNS.Err)
 	}
 	return ok(n, "sandboxes run in a user namespace (idmapped mounts work)")
+}
+
+// Pid budget of a node (measured at 2000 idle base sandboxes:
+// docs/benchmarks.md): a sandbox's supervisor, reaper and envd threads plus
+// a kernel worker per loop disk, and what the host itself keeps.
+const (
+	tasksPerSandbox = 16
+	hostTasks       = 2048
+)
+
+// checkPidMax warns when kernel.pid_max, not the sandbox address range,
+// would bound how many sandboxes the node holds: creates then fail with
+// "fork: resource temporarily unavailable" long before the node is full.
+func checkPidMax(cfg Config, f Facts) Result {
+	const n = "kernel.pid-max"
+	if f.PidMax <= 0 {
+		return skip(n, "kernel.pid_max unknown")
+	}
+	fit := max(0, (f.PidMax-hostTasks)/tasksPerSandbox)
+	addrs := 0
+	if p := cfg.NodeCIDR; p.IsValid() && p.Addr().Is4() {
+		addrs = 1<<(32-p.Bits()) - 2
+	}
+	if fit < addrs {
+		return warn(n, "kernel.pid_max %d leaves room for about %d sandboxes (~%d tasks each) while the sandbox range %s has %d addresses: "+
+			"raise it for dense nodes (sysctl -w kernel.pid_max=4194304, and in /etc/sysctl.d to keep it)", f.PidMax, fit, tasksPerSandbox, cfg.NodeCIDR, addrs)
+	}
+	return ok(n, "kernel.pid_max %d is enough for every address of %s (~%d tasks per sandbox)", f.PidMax, cfg.NodeCIDR, tasksPerSandbox)
 }
 
 func chooseRuntime(cfg Config, f Facts) string {

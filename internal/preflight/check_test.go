@@ -24,6 +24,7 @@ func goodFacts() Facts {
 		Addrs:     []netip.Prefix{netip.MustParsePrefix("10.0.0.5/24")},
 		Listeners: []Listener{{Proto: "tcp", Addr: netip.MustParseAddrPort("0.0.0.0:22")}},
 		Server:    ServerProbe{Checked: true, Status: 200},
+		PidMax:    4194304,
 	}
 }
 
@@ -76,6 +77,10 @@ func TestCheckCases(t *testing.T) {
 		{"host netns via the shim", nil, func(f *Facts) {
 			f.HostNetNS = HostNetNSProbe{Via: "pid 4242 (containerd-shim), an ancestor"}
 		}, "host.netns", StatusOK, "containerd-shim"},
+		{"pid_max below the address range", nil, func(f *Facts) { f.PidMax = 32768 }, "kernel.pid-max", StatusWarn, "about 1920 sandboxes"},
+		{"pid_max enough for a small range", func(c *Config) { c.NodeCIDR = netip.MustParsePrefix("10.9.0.0/24") }, func(f *Facts) { f.PidMax = 32768 },
+			"kernel.pid-max", StatusOK, "enough"},
+		{"pid_max unknown", nil, func(f *Facts) { f.PidMax = 0 }, "kernel.pid-max", StatusSkip, "unknown"},
 		{"no host netns", nil, func(f *Facts) { f.HostNetNS = HostNetNSProbe{Err: "pid 1's cannot be opened"} }, "host.netns", StatusWarn, "cubeNode.hostNetwork=true"},
 		{"no userns", nil, func(f *Facts) { f.UserNS = Probe{Err: "ENOSPC"} }, "kernel.userns", StatusWarn, "root inside a sandbox is root on the host"},
 		{"kvm chooses vm", nil, func(f *Facts) { f.KVM = true }, "runtime.kvm", StatusOK, "runtime vm"},

@@ -108,6 +108,9 @@ type Facts struct {
 	// HostNetNS is how a cubelet on the Pod network (hostPID) would reach
 	// the host netns with --host-netns=auto, seen from the host netns.
 	HostNetNS HostNetNSProbe `json:"hostNetns"`
+	// PidMax is kernel.pid_max (0: unknown). Every task of every sandbox
+	// (its processes and their threads) takes a pid.
+	PidMax int `json:"pidMax,omitempty"`
 }
 
 // HostNetNSProbe says which process's netns file opens as the host's:

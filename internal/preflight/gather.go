@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,6 +98,7 @@ func Gather(ctx context.Context, opts GatherOptions) Facts {
 	f.CNIConfigs = readCNIConfigs(opts.CNIConfDir)
 	f.Processes = interestingProcesses(opts.ProcDir)
 	f.HostNetNS = ProbeHostNetNS(opts.ProcDir)
+	f.PidMax = readInt(filepath.Join(opts.ProcDir, "sys", "kernel", "pid_max"))
 	if opts.ServerURL != "" {
 		f.Server = probeServer(ctx, opts.HTTPClient, opts.ServerURL, opts.ServerTimeout)
 	}
@@ -383,4 +385,18 @@ func probeServer(ctx context.Context, c *http.Client, url string, timeout time.D
 	}
 	resp.Body.Close()
 	return ServerProbe{Checked: true, Status: resp.StatusCode}
+}
+
+// readInt reads a file holding one decimal number (a /proc/sys value); 0
+// when it cannot.
+func readInt(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return n
 }
