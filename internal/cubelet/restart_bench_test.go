@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -52,7 +53,8 @@ func BenchmarkRestartToServing(b *testing.B) {
 				c.Close()
 				b.Fatal(err)
 			}
-			b.Logf("created %d sandboxes in %s; their memory: %d MiB", size, time.Since(start).Round(time.Millisecond), cgroupMemMiB(cfg.CgroupParent))
+			b.Logf("created %d sandboxes in %s; their memory: %d MiB, their tasks (threads, shims included): %d",
+				size, time.Since(start).Round(time.Millisecond), cgroupMemMiB(cfg.CgroupParent), cgroupTasks(cfg.CgroupParent))
 			c.Close()
 			for b.Loop() {
 				c, err := New(ctx, cfg, templates)
@@ -99,6 +101,22 @@ func cgroupMemMiB(parent string) int64 {
 		total += v
 	}
 	return total >> 20
+}
+
+// cgroupTasks counts the threads of the sandboxes and their shims (cgroup
+// v1 pids controller; 0 where it cannot be read): what pid_max bounds.
+func cgroupTasks(parent string) int {
+	n := 0
+	for _, cg := range []string{parent, nsrt.ShimCgroup(parent)} {
+		_ = filepath.WalkDir(filepath.Join("/sys/fs/cgroup/pids", cg), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Name() == "tasks" {
+				b, _ := os.ReadFile(p)
+				n += strings.Count(string(b), "\n")
+			}
+			return nil
+		})
+	}
+	return n
 }
 
 // benchNode is newTestNode sized for hundreds of sandboxes: a /22 and a

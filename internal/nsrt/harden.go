@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -110,6 +112,47 @@ func readonlyPath(p string) error {
 // namespace, cgroup namespaces) is done before this: the filter refuses
 // namespace creation.
 func dropPrivileges(caps []uintptr, sc *Seccomp) error {
+	return dropPrivilegesWith(unix.Capset, caps, sc)
+}
+
+// dropPrivilegesAllThreads is dropPrivileges for a process that goes on
+// without an exec (pid 1 reaping in place): the capability sets are per
+// thread, and an exec would have left only the calling thread's. Every
+// thread of the Go runtime gets the effective, permitted and inheritable
+// sets (the ambient set follows them); seccomp and no_new_privs reach
+// every thread anyway (TSYNC). The bounding set, which only an execve
+// consults, shrinks on the calling thread, as before an exec: a thread
+// that has no permitted capability and no_new_privs gains none by an exec
+// whatever its bounding set (and none of these threads execs). It fails
+// with errAllThreads in a binary built with cgo, where the Go runtime
+// cannot reach every thread; by then only the calling thread's bounding
+// and ambient sets have shrunk, which dropPrivileges repeats harmlessly.
+func dropPrivilegesAllThreads(caps []uintptr, sc *Seccomp) error {
+	err := dropPrivilegesWith(capsetAllThreads, caps, sc)
+	if errors.Is(err, syscall.ENOTSUP) {
+		return errAllThreads
+	}
+	return err
+}
+
+// capsetAllThreads is capset(2) on every thread. The pointer conversions
+// stay in the call (uintptrescapes: hdr and data live on the heap while
+// the call runs on each thread). Each call stops the world and signals
+// every thread (~0.1 ms here), hence one call, not one per capability.
+func capsetAllThreads(hdr *unix.CapUserHeader, data *unix.CapUserData) error {
+	_, _, errno := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(hdr)), uintptr(unsafe.Pointer(data)), 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// errAllThreads: the binary cannot change every thread's credentials.
+var errAllThreads = errors.New("credentials of every thread cannot be changed in a binary built with cgo")
+
+// dropPrivilegesWith is dropPrivileges with capset applied through
+// capset (the calling thread's, or every thread's).
+func dropPrivilegesWith(capset func(*unix.CapUserHeader, *unix.CapUserData) error, caps []uintptr, sc *Seccomp) error {
 	keep := map[uintptr]bool{}
 	for _, c := range caps {
 		keep[c] = true
@@ -134,7 +177,7 @@ func dropPrivileges(caps []uintptr, sc *Seccomp) error {
 		data[c/32].Permitted |= 1 << (c % 32)
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	if err := unix.Capset(&hdr, &data[0]); err != nil {
+	if err := capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("set capabilities: %w", err)
 	}
 	if err := seccomp.SetNoNewPrivs(); err != nil {

@@ -96,6 +96,11 @@ func initMain(args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	if disk != nil {
+		// Attached. Without Spec.Reaper pid 1 reaps in this process
+		// (runUserNS), where no exec would close it.
+		disk.Close()
+	}
 	if started != nil {
 		r := <-started
 		started = nil

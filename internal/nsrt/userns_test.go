@@ -100,6 +100,7 @@ func TestUserNamespace(t *testing.T) {
 					t.Errorf("pid 1 %s %s, want none", set, got)
 				}
 			}
+			assertReaperThreads(t, init)
 			// Children are listed per thread (B is forked off another one).
 			// The workload may still be between readiness and its last exec
 			// (sh -> sleep): look again for a while.
@@ -245,5 +246,66 @@ func TestUserNSFallbackStart(t *testing.T) {
 	defer sb.Close()
 	if got := statusIDs(t, sb.InitPID(), "Uid:"); got != "0" {
 		t.Errorf("init host uid %s, want 0", got)
+	}
+}
+
+// assertReaperThreads checks every thread of pid 1 once it only reaps: in a
+// binary without cgo it reaps in sandbox-init's process (no exec of a
+// reaper), where each Go runtime thread must have dropped its capabilities
+// and carry no_new_privs and the seccomp filter.
+func assertReaperThreads(t *testing.T, pid int) {
+	t.Helper()
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_GETPID, 0, 0, 0); errno == syscall.ENOTSUP {
+		t.Log("test binary built with cgo: pid 1 drops the capabilities of its reaping thread only (run with CGO_ENABLED=0 for the in-place reaper)")
+		return
+	}
+	var comm []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		comm, _ = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+		if strings.TrimSpace(string(comm)) == reaperName {
+			break
+		}
+	}
+	if got := strings.TrimSpace(string(comm)); got != reaperName {
+		t.Fatalf("pid 1 is %q, want %q", got, reaperName)
+	}
+	// Its command line no longer names host paths (readable in the sandbox).
+	if b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.TrimRight(string(b), "\x00") != reaperName {
+		t.Errorf("pid 1's command line is %q, want %q", b, reaperName)
+	}
+	tasks, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/status")
+	if err != nil || len(tasks) == 0 {
+		t.Fatal(tasks, err)
+	}
+	t.Logf("pid 1 reaps in place with %d threads", len(tasks))
+	for _, task := range tasks {
+		b, err := os.ReadFile(task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"CapInh:": "0000000000000000", "CapPrm:": "0000000000000000",
+			"CapEff:": "0000000000000000", "CapAmb:": "0000000000000000", "NoNewPrivs:": "1", "Seccomp:": "2"}
+		for line := range strings.Lines(string(b)) {
+			f := strings.Fields(line)
+			if len(f) == 2 && want[f[0]] != "" {
+				if f[1] != want[f[0]] {
+					t.Errorf("%s: %s %s, want %s", task, f[0], f[1], want[f[0]])
+				}
+				delete(want, f[0])
+			}
+		}
+		if len(want) > 0 {
+			t.Errorf("%s lacks %v", task, want)
+		}
+	}
+}
+
+// The exec'd reaper gets the workload's pid and one P, whatever the
+// spec's environment said.
+func TestReaperEnv(t *testing.T) {
+	got := reaperEnv([]string{"PATH=/bin", "GOMAXPROCS=8", "A=1"}, 42)
+	want := []string{"PATH=/bin", "A=1", ReapPIDEnv + "=42", "GOMAXPROCS=1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("reaperEnv = %q, want %q", got, want)
 	}
 }
