@@ -30,18 +30,8 @@ func TestBuiltTemplateRunsOnAnyNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	var r struct{ TemplateID, BuildID string }
-	c.call(http.MethodPost, "/v3/templates", map[string]any{"name": "layered"}, &r, 202)
-	steps := []map[string]any{{"type": "RUN", "args": []string{"echo layer-content > /layer.txt && rm /bin/hostname", "root"}, "force": false}}
-	c.call(http.MethodPost, "/v2/templates/"+r.TemplateID+"/builds/"+r.BuildID, map[string]any{"fromTemplate": "tiny", "steps": steps, "force": false}, nil, 202)
-	var st buildInfo
-	c.waitFor("the build to end", 2*time.Minute, func() bool {
-		c.call(http.MethodGet, "/templates/"+r.TemplateID+"/builds/"+r.BuildID+"/status", nil, &st, 200)
-		return st.Status == "ready" || st.Status == "error"
-	})
-	if st.Status != "ready" {
-		t.Fatalf("build ended %s: %+v\n%s", st.Status, st.Reason, st.logs())
-	}
+	tid, _ := c.buildFromTiny("layered", []map[string]any{
+		{"type": "RUN", "args": []string{"echo layer-content > /layer.txt && rm /bin/hostname", "root"}, "force": false}})
 	regOf := func(id string) *template.Registry { return template.NewRegistry(filepath.Join(c.dir, id)) }
 	builder, other := "lay-a", "lay-b"
 	if _, err := regOf(builder).Get(ctx, "layered"); err != nil {
@@ -103,7 +93,7 @@ func TestBuiltTemplateRunsOnAnyNode(t *testing.T) {
 	// Deleting the template (no sandbox of it left) forgets the record:
 	// after the nodes' copies go, nothing can make it again.
 	c.call(http.MethodDelete, "/sandboxes/"+id, nil, nil, 204)
-	c.call(http.MethodDelete, "/templates/"+r.TemplateID, nil, nil, 204)
+	c.call(http.MethodDelete, "/templates/"+tid, nil, nil, 204)
 	if code, body := c.createRaw("layered"); code/100 != 4 {
 		t.Fatalf("create after delete: %d %s", code, body)
 	}
@@ -138,24 +128,13 @@ func TestCachedRebuildKeepsStepState(t *testing.T) {
 	c.addNode("cache-a", 1+mrand.IntN(120))
 	build := func(last string) buildInfo {
 		t.Helper()
-		var r struct{ TemplateID, BuildID string }
-		c.call(http.MethodPost, "/v3/templates", map[string]any{"name": "stateful"}, &r, 202)
-		steps := []map[string]any{
+		_, st := c.buildFromTiny("stateful", []map[string]any{
 			{"type": "USER", "args": []string{"root"}, "force": false},
 			{"type": "ENV", "args": []string{"FOO", "bar"}, "force": false},
 			{"type": "WORKDIR", "args": []string{"/work"}, "force": false},
 			{"type": "RUN", "args": []string{"echo one > one.txt", "root"}, "force": false},
 			{"type": "RUN", "args": []string{last, "root"}, "force": false},
-		}
-		c.call(http.MethodPost, "/v2/templates/"+r.TemplateID+"/builds/"+r.BuildID, map[string]any{"fromTemplate": "tiny", "steps": steps, "force": false}, nil, 202)
-		var st buildInfo
-		c.waitFor("the build to end", 2*time.Minute, func() bool {
-			c.call(http.MethodGet, "/templates/"+r.TemplateID+"/builds/"+r.BuildID+"/status", nil, &st, 200)
-			return st.Status == "ready" || st.Status == "error"
 		})
-		if st.Status != "ready" {
-			t.Fatalf("build ended %s: %+v\n%s", st.Status, st.Reason, st.logs())
-		}
 		return st
 	}
 	if logs := build("echo value=$FOO-$(pwd)-first").logs(); !strings.Contains(logs, "value=bar-/work-first") {
@@ -168,4 +147,23 @@ func TestCachedRebuildKeepsStepState(t *testing.T) {
 	if !strings.Contains(logs, "value=bar-/work-second") {
 		t.Fatalf("rebuild lost the workdir or env of its cached steps:\n%s", logs)
 	}
+}
+
+// buildFromTiny builds template name from tiny with steps through the E2B
+// build API and waits for it to succeed; it returns the template id and
+// the final status.
+func (c *cluster) buildFromTiny(name string, steps []map[string]any) (string, buildInfo) {
+	c.t.Helper()
+	var r struct{ TemplateID, BuildID string }
+	c.call(http.MethodPost, "/v3/templates", map[string]any{"name": name}, &r, 202)
+	c.call(http.MethodPost, "/v2/templates/"+r.TemplateID+"/builds/"+r.BuildID, map[string]any{"fromTemplate": "tiny", "steps": steps, "force": false}, nil, 202)
+	var st buildInfo
+	c.waitFor("the build of "+name+" to end", 2*time.Minute, func() bool {
+		c.call(http.MethodGet, "/templates/"+r.TemplateID+"/builds/"+r.BuildID+"/status", nil, &st, 200)
+		return st.Status == "ready" || st.Status == "error"
+	})
+	if st.Status != "ready" {
+		c.t.Fatalf("build of %s ended %s: %+v\n%s", name, st.Status, st.Reason, st.logs())
+	}
+	return r.TemplateID, st
 }
