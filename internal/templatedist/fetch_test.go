@@ -202,26 +202,12 @@ func TestFetchConcurrent(t *testing.T) {
 	})
 	node := nodeRegistry(t)
 	ctx := testCtx(t)
-	const n = 6
-	var wg sync.WaitGroup
-	results := make([]template.Template, n)
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Separate Fetchers: the dedup must come from the registry, as
-			// it does across processes.
-			f := &templatedist.Fetcher{BaseURLs: []string{s.url}, APIKey: s.key}
-			results[i], errs[i] = f.Fetch(ctx, node, "tiny")
-		}()
-	}
-	wg.Wait()
-	for i := range n {
-		if errs[i] != nil || results[i].Digest != s.tpl.Digest || results[i].RootfsPath != results[0].RootfsPath {
-			t.Fatalf("fetch %d: %+v %v", i, results[i], errs[i])
-		}
-	}
+	fetchConcurrently(t, 6, s.tpl.Digest, func() (template.Template, error) {
+		// Separate Fetchers: the dedup must come from the registry, as it
+		// does across processes.
+		f := &templatedist.Fetcher{BaseURLs: []string{s.url}, APIKey: s.key}
+		return f.Fetch(ctx, node, "tiny")
+	})
 	if d := downloads.Load(); d != 1 {
 		t.Fatalf("%d downloads, want 1", d)
 	}
@@ -255,4 +241,22 @@ func deadURL(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return "http://" + addr
+}
+
+// fetchConcurrently runs fetch n times at once and fails t unless every
+// call returns the template with digest want, registered at one path.
+func fetchConcurrently(t *testing.T, n int, want string, fetch func() (template.Template, error)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]template.Template, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { results[i], errs[i] = fetch() })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || results[i].Digest != want || results[i].RootfsPath != results[0].RootfsPath {
+			t.Fatalf("fetch %d: %+v %v", i, results[i], errs[i])
+		}
+	}
 }

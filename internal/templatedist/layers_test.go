@@ -307,23 +307,7 @@ func TestFetchLayersConcurrent(t *testing.T) {
 	s := newLayeredServer(t, nil)
 	node := nodeRegistry(t)
 	ctx := testCtx(t)
-	const n = 5
-	var wg sync.WaitGroup
-	results := make([]template.Template, n)
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i], errs[i] = s.fetcher().Fetch(ctx, node, "mid")
-		}()
-	}
-	wg.Wait()
-	for i := range n {
-		if errs[i] != nil || results[i].Digest != s.mid.Digest || results[i].RootfsPath != results[0].RootfsPath {
-			t.Fatalf("fetch %d: %+v %v", i, results[i], errs[i])
-		}
-	}
+	fetchConcurrently(t, 5, s.mid.Digest, func() (template.Template, error) { return s.fetcher().Fetch(ctx, node, "mid") })
 	paths, _ := s.log.snapshot()
 	count := map[string]int{}
 	for _, p := range paths {
