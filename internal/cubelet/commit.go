@@ -30,7 +30,7 @@ func (c *Cubelet) CommitSandbox(ctx context.Context, req nodeproto.CommitRequest
 	}
 	out := nodeproto.Template{Name: t.Name, Digest: t.Digest, CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskSizeMB,
 		Layers: LayerDigests(t)}
-	if out.DefaultsJSON, err = DefaultsJSON(t); err != nil {
+	if out.DefaultsJSON, err = t.DefaultsJSON(); err != nil {
 		return nodeproto.Template{}, err
 	}
 	return out, nil

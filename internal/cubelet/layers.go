@@ -2,7 +2,6 @@ package cubelet
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 
@@ -26,19 +25,6 @@ func (c *Cubelet) ReadLayer(ctx context.Context, digest string, w io.Writer) err
 		return fmt.Errorf("layer %s: %w", digest, err)
 	}
 	return nil
-}
-
-// DefaultsJSON is t's sandbox defaults as the node protocol carries them
-// (template.json's "defaults"); nil for none.
-func DefaultsJSON(t template.Template) ([]byte, error) {
-	if t.Defaults == nil {
-		return nil, nil
-	}
-	b, err := json.Marshal(t.Defaults)
-	if err != nil {
-		return nil, fmt.Errorf("template %s defaults: %w", t.Name, err)
-	}
-	return b, nil
 }
 
 // LayerDigests lists the digests of t's layer stack, bottom first, as the

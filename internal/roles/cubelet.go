@@ -183,7 +183,7 @@ func (id nodeIdentity) infoFunc(templates *template.Registry, check *selfCheck) 
 func templatesToProto(ts []template.Template) []*nodev1.Template {
 	out := make([]*nodev1.Template, 0, len(ts))
 	for _, t := range ts {
-		d, err := cubelet.DefaultsJSON(t)
+		d, err := t.DefaultsJSON()
 		if err != nil {
 			continue // cannot happen for a template.json that loaded
 		}

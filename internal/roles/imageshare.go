@@ -2,7 +2,6 @@ package roles
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -83,11 +82,9 @@ func (m *registryImages) shareErr(ctx context.Context, t template.Template, prog
 			return err
 		}
 	}
-	var defaults json.RawMessage
-	if t.Defaults != nil {
-		if defaults, err = json.Marshal(t.Defaults); err != nil {
-			return fmt.Errorf("defaults: %w", err)
-		}
+	defaults, err := t.DefaultsJSON()
+	if err != nil {
+		return err
 	}
 	// No base (the layer is the whole rootfs) and no node: a server
 	// replica imported it.

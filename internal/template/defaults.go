@@ -1,6 +1,7 @@
 package template
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -106,4 +107,17 @@ func passwdName(root *os.Root, user string) string {
 		}
 	}
 	return ""
+}
+
+// DefaultsJSON is t's Defaults as template.json records them, for the
+// node protocol and the control-plane store; nil for none.
+func (t Template) DefaultsJSON() ([]byte, error) {
+	if t.Defaults == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(t.Defaults)
+	if err != nil {
+		return nil, fmt.Errorf("template %s defaults: %w", t.Name, err)
+	}
+	return b, nil
 }
