@@ -173,15 +173,14 @@ func nodeTemplateInfo(t cluster.TemplateRef) templatebuild.TemplateInfo {
 // withDefaults sets ti's process defaults from template.json's "defaults"
 // (unreadable ones are logged and left out).
 func withDefaults(ti *templatebuild.TemplateInfo, raw json.RawMessage) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return
-	}
-	var d template.Defaults
-	if err := json.Unmarshal(raw, &d); err != nil {
+	d, err := template.ParseDefaults(raw)
+	if err != nil {
 		slog.Warn("template has unreadable defaults", "template", ti.Name, "err", err)
 		return
 	}
-	ti.Env, ti.Workdir, ti.User = d.Env, d.Workdir, d.User
+	if d != nil {
+		ti.Env, ti.Workdir, ti.User = d.Env, d.Workdir, d.User
+	}
 }
 
 // Delete removes the server's copy, the nodes' (a built template lives

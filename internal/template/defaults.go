@@ -121,3 +121,16 @@ func (t Template) DefaultsJSON() ([]byte, error) {
 	}
 	return b, nil
 }
+
+// ParseDefaults reads defaults as DefaultsJSON wrote them; nil for none
+// (empty or JSON null).
+func ParseDefaults(raw []byte) (*Defaults, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var d Defaults
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return nil, fmt.Errorf("template defaults: %w", err)
+	}
+	return &d, nil
+}

@@ -3,7 +3,6 @@ package templatedist
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -94,13 +93,11 @@ func recordMeta(ctx context.Context, layers LayerStore, name string) (Meta, erro
 	for _, l := range rec.Layers {
 		m.Layers = append(m.Layers, template.LayerRef{Digest: l.Digest, Size: l.Size})
 	}
-	if len(rec.Defaults) > 0 && string(rec.Defaults) != "null" {
-		var d template.Defaults
-		if err := json.Unmarshal(rec.Defaults, &d); err != nil {
-			return Meta{}, fmt.Errorf("template %q: stored defaults: %w", name, err)
-		}
-		m.Defaults = &d
+	d, err := template.ParseDefaults(rec.Defaults)
+	if err != nil {
+		return Meta{}, fmt.Errorf("template %q: stored defaults: %w", name, err)
 	}
+	m.Defaults = d
 	return m, nil
 }
 
