@@ -281,15 +281,25 @@ func removeLinks(ctx context.Context) error {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-		if _, err := run(ctx, "/", nil, "ip", "link", "del", name); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, deleteLink(ctx, name))
 	}
-	if _, err := run(ctx, "/", nil, "ip", "link", "del", "cni0"); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, deleteLink(ctx, "cni0"))
 	slog.Info("removed the pod network's bridge cni0")
 	return errors.Join(errs...)
+}
+
+// deleteLink deletes a network link. A link that is gone is not an error: a
+// veth vanishes on its own when the pod namespace holding its peer goes, which
+// can happen between listing the bridge's ports and deleting them.
+func deleteLink(ctx context.Context, name string) error {
+	_, err := run(ctx, "/", nil, "ip", "link", "del", name)
+	if err == nil {
+		return nil
+	}
+	if _, statErr := os.Stat("/sys/class/net/" + name); errors.Is(statErr, os.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 func removeNodeAddress(ctx context.Context, c *Config) error {
