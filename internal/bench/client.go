@@ -103,25 +103,6 @@ func (c *Client) EnvdHealth(ctx context.Context, id string) error {
 	return c.do(req, http.StatusNoContent, nil)
 }
 
-// List returns the ids of the running sandboxes visible to the key.
-func (c *Client) List(ctx context.Context) ([]string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v2/sandboxes?limit=1000", nil)
-	if err != nil {
-		return nil, err
-	}
-	var out []struct {
-		SandboxID string `json:"sandboxID"`
-	}
-	if err := c.do(req, http.StatusOK, &out); err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	ids := make([]string, len(out))
-	for i, s := range out {
-		ids[i] = s.SandboxID
-	}
-	return ids, nil
-}
-
 func (c *Client) do(req *http.Request, want int, out any) error {
 	if req.Header.Get("E2b-Sandbox-Id") == "" {
 		req.Header.Set("X-API-Key", c.key)

@@ -85,9 +85,9 @@ func (f *capacityFlags) resolve(cores int, hostMB int64) (*nodev1.Capacity, erro
 }
 
 // addPoolSizeFlags registers --pool-size (a number of slots, or auto: the
-// adaptive pool) and --pool-memory-mb (the adaptive pool's budget), the
-// same for `cube cubelet` and `cube up`.
-func addPoolSizeFlags(fs *pflag.FlagSet, size *int, memMB *int64) {
+// adaptive pool), --pool-memory-mb (the adaptive pool's budget) and
+// --pool-floor (its size when idle), the same for `cube cubelet` and `cube up`.
+func addPoolSizeFlags(fs *pflag.FlagSet, size *int, memMB *int64, floor *int) {
 	*size = cubelet.PoolAdaptive
 	fs.Var(funcValue{
 		typ: "N|auto",
@@ -109,8 +109,22 @@ func addPoolSizeFlags(fs *pflag.FlagSet, size *int, memMB *int64) {
 			*size = n
 			return nil
 		},
-	}, "pool-size", fmt.Sprintf("warm-pool slots of the pool template kept ready for fast creates: auto follows demand (the largest recent burst, %d when idle) within --pool-memory-mb; a number fixes it; 0 disables the pool", cubelet.DefaultPoolFloor))
+	}, "pool-size", "warm-pool slots of the pool template kept ready for fast creates: auto follows demand (the largest recent burst, --pool-floor when idle) within --pool-memory-mb; a number fixes it; 0 disables the pool")
 	bindEnv(fs, "pool-size", "CUBE_POOL_SIZE")
 	fs.Int64Var(memMB, "pool-memory-mb", cubelet.DefaultPoolMemoryMB(hostMemoryMB()), "memory budget of the adaptive warm pool (--pool-size auto), at ~16 MiB per pre-started slot")
 	bindEnv(fs, "pool-memory-mb", "CUBE_POOL_MEMORY_MB")
+	*floor = cubelet.DefaultPoolFloor
+	fs.Var(funcValue{
+		typ: "N",
+		get: func() string { return strconv.Itoa(*floor) },
+		set: func(s string) error {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return fmt.Errorf("want a number of slots, at least 1 (--pool-size 0 disables the pool)")
+			}
+			*floor = n
+			return nil
+		},
+	}, "pool-floor", "slots the adaptive pool (--pool-size auto) keeps ready with no demand, within --pool-memory-mb: a burst of up to this many creates after a quiet spell is served warm")
+	bindEnv(fs, "pool-floor", "CUBE_POOL_FLOOR")
 }

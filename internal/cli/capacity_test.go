@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -55,20 +56,33 @@ func TestCapacityFlags(t *testing.T) {
 
 func TestPoolSizeFlag(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		want int
+		args      []string
+		want      int
+		wantFloor int
+		wantErr   string
 	}{
-		{nil, cubelet.PoolAdaptive},
-		{[]string{"--pool-size", "auto"}, cubelet.PoolAdaptive},
-		{[]string{"--pool-size", "0"}, 0},
-		{[]string{"--pool-size=12"}, 12},
+		{nil, cubelet.PoolAdaptive, cubelet.DefaultPoolFloor, ""},
+		{[]string{"--pool-size", "auto"}, cubelet.PoolAdaptive, cubelet.DefaultPoolFloor, ""},
+		{[]string{"--pool-size", "0"}, 0, cubelet.DefaultPoolFloor, ""},
+		{[]string{"--pool-size=12"}, 12, cubelet.DefaultPoolFloor, ""},
+		{[]string{"--pool-floor", "4"}, cubelet.PoolAdaptive, 4, ""},
+		{[]string{"--pool-floor", "0"}, cubelet.PoolAdaptive, cubelet.DefaultPoolFloor, "at least 1"},
+		{[]string{"--pool-floor", "many"}, cubelet.PoolAdaptive, cubelet.DefaultPoolFloor, "at least 1"},
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-		var size int
+		fs.SetOutput(io.Discard)
+		var size, floor int
 		var mem int64
-		addPoolSizeFlags(fs, &size, &mem)
-		if err := fs.Parse(tc.args); err != nil || size != tc.want || mem <= 0 {
-			t.Errorf("%v: size %d, budget %d, %v; want size %d", tc.args, size, mem, err, tc.want)
+		addPoolSizeFlags(fs, &size, &mem, &floor)
+		err := fs.Parse(tc.args)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || size != tc.want || floor != tc.wantFloor || mem <= 0 {
+			t.Errorf("%v: size %d, floor %d, budget %d, %v; want size %d, floor %d", tc.args, size, floor, mem, err, tc.want, tc.wantFloor)
 		}
 	}
 }

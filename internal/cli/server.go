@@ -153,7 +153,7 @@ create and manage this node's sandboxes.`,
 	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
 	bindEnv(fs, "envd", "CUBE_ENVD")
 	fs.BoolVar(&cfg.BuildBase, "build-base", true, "build the default template base if missing")
-	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB)
+	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB, &cfg.PoolFloor)
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", true, "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only")
 	bindEnv(fs, "pool-prestart", "CUBE_POOL_PRESTART")
 	addPoolTemplatesFlag(fs, &cfg.PoolTemplates)

@@ -61,7 +61,7 @@ SIGINT or SIGTERM; sandboxes stop with it unless --keep-sandboxes.`,
 	fs.StringVar(&cfg.EnvdPath, "envd", "", "path of the envd binary (default: next to the cube binary)")
 	bindEnv(fs, "envd", "CUBE_ENVD")
 	addNodeCIDRFlag(fs, &cfg.Network.NodeCIDR, "sandbox address range of this node")
-	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB)
+	addPoolSizeFlags(fs, &cfg.PoolSize, &cfg.PoolMemoryMB, &cfg.PoolFloor)
 	fs.BoolVar(&cfg.PoolPrestart, "pool-prestart", true, "warm-pool slots are running sandboxes of template base, personalised at create; false keeps netns + veth + IP + disk only")
 	bindEnv(fs, "pool-prestart", "CUBE_POOL_PRESTART")
 	addPoolTemplatesFlag(fs, &cfg.PoolTemplates)

@@ -69,6 +69,9 @@ type Config struct {
 	// PoolMemoryMB is the adaptive pool's memory budget (0:
 	// DefaultPoolMemoryMB of the host's memory); unused at a fixed size.
 	PoolMemoryMB int64
+	// PoolFloor is what the adaptive pool keeps with no demand, within
+	// PoolMemoryMB (0: DefaultPoolFloor); unused at a fixed size.
+	PoolFloor int
 	// PoolPrestart makes slots pre-started sandboxes of PoolTemplate (see
 	// pool.go); false keeps plain slots (IP + netns + veth + disk image).
 	PoolPrestart bool
@@ -176,6 +179,9 @@ func New(ctx context.Context, cfg Config, templates *template.Registry) (*Cubele
 	}
 	if anyAdaptive(cfg) && cfg.PoolMemoryMB == 0 {
 		cfg.PoolMemoryMB = DefaultPoolMemoryMB(hostMemoryMB())
+	}
+	if cfg.PoolFloor <= 0 {
+		cfg.PoolFloor = DefaultPoolFloor
 	}
 	switch {
 	case cfg.PoolSize == 0:

@@ -18,6 +18,10 @@ import (
 //
 //	target = clamp(max(floor, biggest burst, rate x demandLead), 0, cap)
 //
+// The floor (Config.PoolFloor) is large enough by default that a first
+// burst of agents after a quiet hour is served warm too: an idle slot is a
+// few MiB of memory and no CPU, a cold create ~30 ms of CPU.
+//
 // where the biggest burst is the most creates in two consecutive buckets
 // (5-10 s) seen in the window, rate the
 // window's average creates per second (sustained load: enough slots to
@@ -37,9 +41,12 @@ const (
 	// demandLead is how many seconds of the recent create rate the pool
 	// keeps ready.
 	demandLead = 10.0
-	// DefaultPoolFloor is what the adaptive pool keeps with no demand: a
-	// single create after a quiet hour is still warm.
-	DefaultPoolFloor = 4
+	// DefaultPoolFloor is what the adaptive pool keeps with no demand,
+	// within the budget: a burst of up to this many creates after a quiet
+	// hour (a batch of agents, an evaluation run) is still served warm. At
+	// the default budget (a sixteenth of the host's memory, 16 MiB a slot)
+	// a host of 16 GiB or more keeps all of it, an 8 GiB one 32.
+	DefaultPoolFloor = 64
 	// poolSlotCostMB is the memory one pre-started slot is counted at
 	// against the budget: an idle base sandbox (init + envd) measured
 	// 8-12 MiB resident, plus its netns and page tables.
@@ -173,7 +180,7 @@ func (c *Cubelet) sizesAt(now time.Time) poolSizes {
 		}
 	}
 	if c.adaptive() {
-		sz.main = c.pool.demand.target(c.poolTemplate(), now, DefaultPoolFloor, left)
+		sz.main = c.pool.demand.target(c.poolTemplate(), now, c.cfg.PoolFloor, left)
 		left -= sz.main
 	}
 	for _, t := range c.cfg.PoolTemplates {

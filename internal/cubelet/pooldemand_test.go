@@ -83,12 +83,13 @@ func TestAdaptiveMainTarget(t *testing.T) {
 	slot := func(id string) poolSlot {
 		return poolSlot{rec: nodestore.Sandbox{ID: id, Template: DefaultPoolTemplate}, stage: stepLaunch}
 	}
-	c := &Cubelet{cfg: Config{PoolSize: PoolAdaptive, PoolMemoryMB: 20 * poolSlotCostMB, PoolPrestart: true,
+	const floor = 4
+	c := &Cubelet{cfg: Config{PoolSize: PoolAdaptive, PoolMemoryMB: 20 * poolSlotCostMB, PoolFloor: floor, PoolPrestart: true,
 		PoolTemplates: []PoolTarget{{Template: "interp", Size: 2}}}}
 	c.pool.demand = newDemand()
 	now := time.Now()
-	if got := c.mainSize(now); got != DefaultPoolFloor {
-		t.Fatalf("idle: main size %d, want the floor %d", got, DefaultPoolFloor)
+	if got := c.mainSize(now); got != floor {
+		t.Fatalf("idle: main size %d, want the floor %d", got, floor)
 	}
 	for range 12 {
 		c.pool.demand.record(DefaultPoolTemplate, now)
@@ -112,7 +113,7 @@ func TestAdaptiveMainTarget(t *testing.T) {
 	c.pool.ready = []poolSlot{slot("pool-0"), fixed, slot("pool-1"), slot("pool-2"), slot("pool-3"), slot("pool-4"), slot("pool-5")}
 	for c.trimLocked(now) {
 	}
-	if len(c.pool.ready) != DefaultPoolFloor+1 || len(c.pool.stale) != 2 ||
+	if len(c.pool.ready) != floor+1 || len(c.pool.stale) != 2 ||
 		c.pool.stale[0].rec.ID != "pool-0" || c.pool.stale[1].rec.ID != "pool-1" {
 		t.Fatalf("after trimming: ready %v, stale %v", ids(c.pool.ready), ids(c.pool.stale))
 	}
@@ -161,5 +162,27 @@ func TestAdaptivePoolTemplate(t *testing.T) {
 	}
 	if got := ids(c.pool.stale); len(got) != 2 || got[0] != "i1" || got[1] != "i2" {
 		t.Fatalf("trimmed %v, want the interp target's two oldest extra slots [i1 i2]", got)
+	}
+}
+
+// The default idle floor covers a burst of DefaultPoolFloor creates on a
+// host whose default budget pays for it, and the budget bounds it on a
+// smaller one.
+func TestDefaultPoolFloorWithinBudget(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		hostMB int64
+		want   int
+	}{
+		{24 << 10, DefaultPoolFloor}, // this project's CI machines: budget 1536 MiB, 96 slots
+		{16 << 10, DefaultPoolFloor},
+		{8 << 10, 32},
+		{2 << 10, 16}, // the budget's minimum, 256 MiB
+	} {
+		c := &Cubelet{cfg: Config{PoolSize: PoolAdaptive, PoolMemoryMB: DefaultPoolMemoryMB(tc.hostMB), PoolFloor: DefaultPoolFloor}}
+		c.pool.demand = newDemand()
+		if got := c.mainSize(now); got != tc.want {
+			t.Errorf("host %d MiB: idle main size %d, want %d", tc.hostMB, got, tc.want)
+		}
 	}
 }

@@ -89,9 +89,6 @@ func Attach(ctx context.Context, stateDir string) (*Sandbox, error) {
 	return &Sandbox{stateDir: stateDir, client: c}, nil
 }
 
-// StateDir returns the sandbox's state directory.
-func (s *Sandbox) StateDir() string { return s.stateDir }
-
 // ShimPID returns the pid of the sandbox's shim.
 func (s *Sandbox) ShimPID() int { return s.client.Info().PID }
 

@@ -243,9 +243,6 @@ func (s *Server) DSN(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
 }
 
-// Port returns the server's loopback TCP port.
-func (s *Server) Port() int { return s.port }
-
 // CreateDatabase creates a new empty database and returns its DSN.
 func (s *Server) CreateDatabase(ctx context.Context) (string, error) {
 	name := fmt.Sprintf("cube_test_%d", s.dbs.Add(1))

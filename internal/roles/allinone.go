@@ -52,6 +52,7 @@ type AllInOneConfig struct {
 	CgroupParent      string               // sandbox cgroups go under it, shims under <parent>-shims; "" = "cube"
 	PoolSize          int                  // warm-pool slots kept ready (0 = every create is cold, cubelet.PoolAdaptive = by demand)
 	PoolMemoryMB      int64                // the adaptive pool's budget (cubelet.Config.PoolMemoryMB)
+	PoolFloor         int                  // the adaptive pool's idle size (cubelet.Config.PoolFloor)
 	PoolPrestart      bool                 // slots are pre-started sandboxes of template base (see cubelet.Config.PoolPrestart)
 	PoolTemplates     []cubelet.PoolTarget // pre-started slots of other templates (cubelet.Config.PoolTemplates)
 	SandboxLogs       cubelet.LogConfig    // bounds of the kept sandbox logs (cubelet.Config.Logs)
@@ -116,6 +117,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 		CgroupParent:      cfg.CgroupParent,
 		PoolSize:          cfg.PoolSize,
 		PoolMemoryMB:      cfg.PoolMemoryMB,
+		PoolFloor:         cfg.PoolFloor,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,
 		SeccompLog:        cfg.SeccompLog,

@@ -46,6 +46,7 @@ type CubeletConfig struct {
 	BuildBase         bool                 // build the `base` template if missing
 	PoolSize          int                  // warm-pool slots (cubelet.PoolAdaptive = by demand)
 	PoolMemoryMB      int64                // the adaptive pool's budget
+	PoolFloor         int                  // the adaptive pool's idle size
 	PoolPrestart      bool                 // slots are pre-started sandboxes of template base
 	PoolTemplates     []cubelet.PoolTarget // pre-started slots of other templates (cubelet.Config.PoolTemplates)
 	SandboxLogs       cubelet.LogConfig    // bounds of the kept sandbox logs (cubelet.Config.Logs)
@@ -81,7 +82,7 @@ func RunCubelet(ctx context.Context, cfg CubeletConfig) error {
 	fetcher := nodeFetcher(ctx, templates, &templatedist.Fetcher{BaseURLs: cfg.ServerURLs, APIKey: cfg.APIKey, Logger: log}, builds, log)
 	node, err := cubelet.New(ctx, cubelet.Config{
 		StateDir: filepath.Join(cfg.DataDir, "node"), Exe: cfg.Exe, EnvdPath: cfg.EnvdPath, EnvdVersion: envd.Version,
-		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolMemoryMB: cfg.PoolMemoryMB, PoolPrestart: cfg.PoolPrestart,
+		CgroupParent: cfg.CgroupParent, Network: cfg.Network, Logger: log, PoolSize: cfg.PoolSize, PoolMemoryMB: cfg.PoolMemoryMB, PoolFloor: cfg.PoolFloor, PoolPrestart: cfg.PoolPrestart,
 		PoolTemplates:     cfg.PoolTemplates,
 		CreateParallelism: cfg.CreateParallelism,
 		UserNS:            cfg.UserNS,

@@ -188,17 +188,9 @@ func knownName(name string) bool {
 	return false
 }
 
-// Decide is the policy's answer, computed directly (not through BPF): the
+// decide is the policy's answer, computed directly (not through BPF): the
 // reference the compiled filter is tested against. args are the low 32
 // bits of the syscall's arguments.
-func (p Policy) Decide(arch Arch, auditArch, nr uint32, args [6]uint32) (Verdict, error) {
-	r, err := p.resolve(arch)
-	if err != nil {
-		return 0, err
-	}
-	return r.decide(arch, auditArch, nr, args), nil
-}
-
 func (r resolved) decide(arch Arch, auditArch, nr uint32, args [6]uint32) Verdict {
 	if auditArch != arch.Audit {
 		return Kill
