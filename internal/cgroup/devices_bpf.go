@@ -1,18 +1,12 @@
 package cgroup
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/errdefs"
@@ -70,6 +64,25 @@ func deviceAccessMask(access string) int32 {
 	return m
 }
 
+// The eBPF instructions deviceProgram emits (include/uapi/linux/bpf.h:
+// class | operation | source).
+const (
+	opLdXMemW    = 0x01 | 0x60 | 0x00 // BPF_LDX | BPF_MEM | BPF_W
+	opAnd32Imm   = 0x04 | 0x50 | 0x00 // BPF_ALU | BPF_AND | BPF_K
+	opRSh32Imm   = 0x04 | 0x70 | 0x00 // BPF_ALU | BPF_RSH | BPF_K
+	opMov32Reg   = 0x04 | 0xb0 | 0x08 // BPF_ALU | BPF_MOV | BPF_X
+	opMov64Imm   = 0x07 | 0xb0 | 0x00 // BPF_ALU64 | BPF_MOV | BPF_K
+	opJNEImm     = 0x05 | 0x50 | 0x00 // BPF_JMP | BPF_JNE | BPF_K
+	opJNEReg     = 0x05 | 0x50 | 0x08 // BPF_JMP | BPF_JNE | BPF_X
+	opExit       = 0x05 | 0x90        // BPF_JMP | BPF_EXIT
+	regR0, regR1 = 0, 1
+	regR2, regR3 = 2, 3
+	regR4, regR5 = 4, 5
+)
+
+func insnMovImm(dst uint8, imm int32) bpfInsn { return bpfInsn{Op: opMov64Imm, Dst: dst, Imm: imm} }
+func insnExit() bpfInsn                       { return bpfInsn{Op: opExit} }
+
 // deviceProgram generates the instructions of a BPF_CGROUP_DEVICE program
 // that allows exactly devs (type 'c', 'b' or 'a' for both; major and minor
 // -1 for any; the requested access must be a subset of the rule's) and denies
@@ -78,66 +91,58 @@ func deviceAccessMask(access string) int32 {
 // Registers: R1 ctx (then scratch), R2 type, R3 requested access, R4 major,
 // R5 minor. Each rule is a block of "jump to the next block unless ..."
 // checks ending in "return 1"; the last block returns 0.
-func deviceProgram(devs []Device) (asm.Instructions, error) {
-	insns := asm.Instructions{
-		asm.LoadMem(asm.R2, asm.R1, devCtxAccessType, asm.Word),
-		asm.And.Imm32(asm.R2, 0xffff),
-		asm.LoadMem(asm.R3, asm.R1, devCtxAccessType, asm.Word),
-		asm.RSh.Imm32(asm.R3, 16),
-		asm.LoadMem(asm.R4, asm.R1, devCtxMajor, asm.Word),
-		asm.LoadMem(asm.R5, asm.R1, devCtxMinor, asm.Word),
+func deviceProgram(devs []Device) ([]bpfInsn, error) {
+	insns := []bpfInsn{
+		{Op: opLdXMemW, Dst: regR2, Src: regR1, Off: devCtxAccessType},
+		{Op: opAnd32Imm, Dst: regR2, Imm: 0xffff},
+		{Op: opLdXMemW, Dst: regR3, Src: regR1, Off: devCtxAccessType},
+		{Op: opRSh32Imm, Dst: regR3, Imm: 16},
+		{Op: opLdXMemW, Dst: regR4, Src: regR1, Off: devCtxMajor},
+		{Op: opLdXMemW, Dst: regR5, Src: regR1, Off: devCtxMinor},
 	}
-	label := func(i int) string { return fmt.Sprintf("rule%d", i) }
-	for i, d := range devs {
+	for _, d := range devs {
 		if err := (Resources{Devices: []Device{d}}).Validate(); err != nil {
 			return nil, err
 		}
 		if d.Major > math.MaxInt32 || d.Minor > math.MaxInt32 {
 			return nil, fmt.Errorf("device rule %q: number out of range: %w", d.String(), errdefs.ErrInvalidArgument)
 		}
-		next := label(i + 1)
-		var block asm.Instructions
+		// Every jump of the block goes to the next block; its offset
+		// is filled in once the block's length is known.
+		var block []bpfInsn
 		switch d.Type {
 		case 'c':
-			block = append(block, asm.JNE.Imm(asm.R2, devcgDevChar, next))
+			block = append(block, bpfInsn{Op: opJNEImm, Dst: regR2, Imm: devcgDevChar})
 		case 'b':
-			block = append(block, asm.JNE.Imm(asm.R2, devcgDevBlock, next))
+			block = append(block, bpfInsn{Op: opJNEImm, Dst: regR2, Imm: devcgDevBlock})
 		}
 		if acc := deviceAccessMask(d.Access); acc != devcgAccAll {
 			// Requested access must be a subset: (req & allowed) == req.
 			block = append(block,
-				asm.Mov.Reg32(asm.R1, asm.R3),
-				asm.And.Imm32(asm.R1, acc),
-				asm.JNE.Reg(asm.R1, asm.R3, next))
+				bpfInsn{Op: opMov32Reg, Dst: regR1, Src: regR3},
+				bpfInsn{Op: opAnd32Imm, Dst: regR1, Imm: acc},
+				bpfInsn{Op: opJNEReg, Dst: regR1, Src: regR3})
 		}
 		if d.Major >= 0 {
-			block = append(block, asm.JNE.Imm(asm.R4, int32(d.Major), next))
+			block = append(block, bpfInsn{Op: opJNEImm, Dst: regR4, Imm: int32(d.Major)})
 		}
 		if d.Minor >= 0 {
-			block = append(block, asm.JNE.Imm(asm.R5, int32(d.Minor), next))
+			block = append(block, bpfInsn{Op: opJNEImm, Dst: regR5, Imm: int32(d.Minor)})
 		}
-		block = append(block, asm.Mov.Imm(asm.R0, 1), asm.Return())
-		block[0] = block[0].WithSymbol(label(i))
+		block = append(block, insnMovImm(regR0, 1), insnExit())
+		for i := range block {
+			if block[i].Op == opJNEImm || block[i].Op == opJNEReg {
+				block[i].Off = int16(len(block) - i - 1)
+			}
+		}
 		insns = append(insns, block...)
 		if len(block) == 2 {
 			// The rule matches everything: what follows would be
 			// unreachable, which the verifier rejects.
-			return resolveJumps(insns)
+			return insns, nil
 		}
 	}
-	return resolveJumps(append(insns,
-		asm.Mov.Imm(asm.R0, 0).WithSymbol(label(len(devs))),
-		asm.Return(),
-	))
-}
-
-// resolveJumps fills in the offsets of the jumps to labels, so that the
-// instructions hash to the tag the kernel computes (see sameProgram).
-func resolveJumps(insns asm.Instructions) (asm.Instructions, error) {
-	if err := insns.Marshal(io.Discard, hostByteOrder()); err != nil {
-		return nil, fmt.Errorf("assemble device program: %w", err)
-	}
-	return insns, nil
+	return append(insns, insnMovImm(regR0, 0), insnExit()), nil
 }
 
 // setDevicesV2 makes the device allowlist program for devs the one and only
@@ -161,53 +166,44 @@ func setDevicesV2(dir string, devs []Device) error {
 	if err != nil {
 		return fmt.Errorf("cgroup %s: %w", dir, unsupported(err))
 	}
-	var keep *ebpf.Program // the attached program equal to insns, if any
-	var others []*ebpf.Program
+	keep := -1       // fd of the attached program equal to insns, if any
+	var others []int // fds of the other attached programs
 	defer func() {
 		for _, p := range others {
-			p.Close()
+			unix.Close(p)
 		}
-		if keep != nil {
-			keep.Close()
+		if keep >= 0 {
+			unix.Close(keep)
 		}
 	}()
+	tags := insnsTags(insns)
 	for _, id := range attached {
-		p, err := ebpf.NewProgramFromID(id)
+		p, err := openProgram(id)
 		if errors.Is(err, unix.ENOENT) {
 			continue // detached and freed meanwhile
 		}
 		if err != nil {
 			return fmt.Errorf("cgroup %s: open attached program %d: %w", dir, id, err)
 		}
-		if keep == nil && sameProgram(p, insns) {
+		if keep < 0 && sameProgram(p, tags) {
 			keep = p
 			continue
 		}
 		others = append(others, p)
 	}
 
-	if keep == nil {
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-			Name:         devicesProgName,
-			Type:         ebpf.CGroupDevice,
-			AttachType:   ebpf.AttachCGroupDevice,
-			Instructions: insns,
-			License:      devicesProgLicense,
-		})
+	if keep < 0 {
+		prog, err := loadDeviceProgram(devicesProgName, devicesProgLicense, insns)
 		if err != nil {
 			return fmt.Errorf("load device allowlist program for %s: %w", dir, unsupported(err))
 		}
 		keep = prog
-		err = link.RawAttachProgram(link.RawAttachProgramOptions{
-			Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice, Flags: unix.BPF_F_ALLOW_MULTI,
-		})
+		err = attachDeviceProgram(fd, prog, unix.BPF_F_ALLOW_MULTI)
 		if err != nil && len(others) == 1 && errors.Is(err, unix.EPERM) {
 			// A single program attached without BPF_F_ALLOW_MULTI (not by
 			// Cube): attaching with no flags replaces it atomically.
-			err = link.RawAttachProgram(link.RawAttachProgramOptions{
-				Target: fd, Program: prog, Attach: ebpf.AttachCGroupDevice,
-			})
-			if err == nil {
+			if err = attachDeviceProgram(fd, prog, 0); err == nil {
+				unix.Close(others[0])
 				others = nil
 			}
 		}
@@ -217,56 +213,24 @@ func setDevicesV2(dir string, devs []Device) error {
 		slog.Debug("cgroup: device allowlist attached", "cgroup", dir, "rules", len(devs), "replaced", len(others))
 	}
 	for _, p := range others {
-		err := link.RawDetachProgram(link.RawDetachProgramOptions{
-			Target: fd, Program: p, Attach: ebpf.AttachCGroupDevice,
-		})
-		if err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := detachDeviceProgram(fd, p); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("detach stale device program from %s: %w", dir, err)
 		}
 	}
 	return nil
 }
 
-// attachedDevicePrograms returns the ids of the BPF_CGROUP_DEVICE programs
-// attached directly to the cgroup open at fd (not those inherited from
-// ancestors), in attach order.
-func attachedDevicePrograms(fd int) ([]ebpf.ProgramID, error) {
-	res, err := link.QueryPrograms(link.QueryOptions{Target: fd, Attach: ebpf.AttachCGroupDevice})
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]ebpf.ProgramID, 0, len(res.Programs))
-	for _, p := range res.Programs {
-		ids = append(ids, p.ID)
-	}
-	return ids, nil
-}
-
-// hostByteOrder is binary.NativeEndian as one of the two values the asm
-// package accepts.
-func hostByteOrder() binary.ByteOrder {
-	if binary.NativeEndian.Uint16([]byte{1, 0}) == 1 {
-		return binary.LittleEndian
-	}
-	return binary.BigEndian
-}
-
-// sameProgram reports whether p is a device program whose instructions are
-// insns (by the kernel's tag, a hash of the instructions).
-func sameProgram(p *ebpf.Program, insns asm.Instructions) bool {
-	info, err := p.Info()
-	if err != nil || info.Type != ebpf.CGroupDevice {
-		return false
-	}
-	ok, err := insns.HasTag(info.Tag, hostByteOrder())
-	return err == nil && ok
+// sameProgram reports whether the program open at fd is a device program
+// whose kernel tag is one of tags (see insnsTags).
+func sameProgram(fd int, tags [2]bpfTag) bool {
+	info, err := programInfo(fd)
+	return err == nil && info.Type == unix.BPF_PROG_TYPE_CGROUP_DEVICE && (info.Tag == tags[0] || info.Tag == tags[1])
 }
 
 // unsupported turns err into ErrUnavailable (kept in the chain) when the
 // kernel cannot run cgroup device programs at all.
 func unsupported(err error) error {
-	if errors.Is(err, ebpf.ErrNotSupported) ||
-		errors.Is(features.HaveProgramType(ebpf.CGroupDevice), ebpf.ErrNotSupported) {
+	if have, perr := haveDevicePrograms(); perr == nil && !have {
 		return fmt.Errorf("%w: kernel without cgroup device BPF programs: %w", errdefs.ErrUnavailable, err)
 	}
 	return err

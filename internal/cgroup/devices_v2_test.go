@@ -150,7 +150,7 @@ func mountCgroup2(t *testing.T) (cgroupRoot, devDir string) {
 }
 
 // attachedIDs returns the device programs attached to the cgroup at dir.
-func attachedIDs(t *testing.T, dir string) []ebpf.ProgramID {
+func attachedIDs(t *testing.T, dir string) []uint32 {
 	t.Helper()
 	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -165,11 +165,11 @@ func attachedIDs(t *testing.T, dir string) []ebpf.ProgramID {
 }
 
 // waitProgramGone waits until the kernel has freed program id.
-func waitProgramGone(t *testing.T, id ebpf.ProgramID) {
+func waitProgramGone(t *testing.T, id uint32) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		p, err := ebpf.NewProgramFromID(id)
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
 		if errors.Is(err, unix.ENOENT) {
 			return
 		}
@@ -277,7 +277,7 @@ func TestDevicesV2Kernel(t *testing.T) {
 		}
 	}
 
-	check := func(name string, rules []Device) ebpf.ProgramID {
+	check := func(name string, rules []Device) uint32 {
 		t.Helper()
 		ids := attachedIDs(t, dir)
 		if len(ids) != 1 {
@@ -325,7 +325,7 @@ func TestDevicesV2Kernel(t *testing.T) {
 	insns, _ := deviceProgram(SandboxDevices)
 	dup, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name: devicesProgName, Type: ebpf.CGroupDevice, AttachType: ebpf.AttachCGroupDevice,
-		Instructions: insns, License: devicesProgLicense,
+		Instructions: asmOf(t, insns), License: devicesProgLicense,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +342,8 @@ func TestDevicesV2Kernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	info, _ := dup.Info()
-	dupID, _ := info.ID()
+	id, _ := info.ID()
+	dupID := uint32(id)
 	dup.Close()
 	if n := len(attachedIDs(t, dir)); n != 2 {
 		t.Fatalf("%d programs after stacking a duplicate, want 2", n)

@@ -1,16 +1,9 @@
 package shim
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/cube-dev/cube/internal/errdefs"
@@ -23,7 +16,6 @@ type Client struct {
 	stateDir string
 	info     supervisor.Info
 	proc     *pidfd.FD
-	http     *http.Client
 	dialed   supervisor.State // what the shim answered when Dial checked it
 }
 
@@ -41,7 +33,7 @@ func Dial(ctx context.Context, stateDir string) (*Client, error) {
 	}
 	c := newClient(stateDir, info, proc)
 	var st supervisor.State
-	if err := c.call(ctx, http.MethodGet, "/state", &st); err != nil {
+	if err := c.call(ctx, "GET", "/state", &st); err != nil {
 		gone := errors.Is(err, errdefs.ErrNotFound) || proc.ExitedWithin(ctx, dyingGrace)
 		c.Close()
 		if gone {
@@ -69,32 +61,22 @@ const dyingGrace = 250 * time.Millisecond
 func (c *Client) DialState() supervisor.State { return c.dialed }
 
 func newClient(stateDir string, info supervisor.Info, proc *pidfd.FD) *Client {
-	sock := filepath.Join(stateDir, supervisor.SocketFile)
-	return &Client{stateDir: stateDir, info: info, proc: proc, http: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-		MaxIdleConns: 1,
-	}}}
+	return &Client{stateDir: stateDir, info: info, proc: proc}
 }
 
 // Info returns the shim's record (shim.json, written by the supervisor).
 func (c *Client) Info() supervisor.Info { return c.info }
 
-// Close releases the client's connections and process handle; the shim
-// keeps running.
-func (c *Client) Close() error {
-	c.http.CloseIdleConnections()
-	return c.proc.Close()
-}
+// Close releases the client's process handle (each call has its own
+// connection); the shim keeps running.
+func (c *Client) Close() error { return c.proc.Close() }
 
 // State returns the sandbox's live state as the supervisor reports it.
 // Once the shim has exited it is rebuilt from the records (Running false,
 // exit code from exit.json).
 func (c *Client) State(ctx context.Context) (supervisor.State, error) {
 	var st supervisor.State
-	err := c.call(ctx, http.MethodGet, "/state", &st)
+	err := c.call(ctx, "GET", "/state", &st)
 	if err == nil {
 		return st, nil
 	}
@@ -117,7 +99,7 @@ func (c *Client) Kill(ctx context.Context) error {
 	if c.proc.Exited() {
 		return nil
 	}
-	if err := c.call(ctx, http.MethodPost, "/kill", nil); err != nil && !c.proc.Exited() {
+	if err := c.call(ctx, "POST", "/kill", nil); err != nil && !c.proc.Exited() {
 		if kerr := c.proc.Kill(); kerr != nil {
 			return fmt.Errorf("kill shim %d after %v: %w", c.info.PID, err, kerr)
 		}
@@ -130,39 +112,12 @@ func (c *Client) Wait(ctx context.Context) error { return c.proc.Wait(ctx) }
 
 // Freeze pauses every process of the sandbox.
 func (c *Client) Freeze(ctx context.Context) error {
-	return c.call(ctx, http.MethodPost, "/freeze", nil)
+	return c.call(ctx, "POST", "/freeze", nil)
 }
 
 // Thaw resumes a frozen sandbox.
 func (c *Client) Thaw(ctx context.Context) error {
-	return c.call(ctx, http.MethodPost, "/thaw", nil)
-}
-
-func (c *Client) call(ctx context.Context, method, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://shim"+path, bytes.NewReader(nil))
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("shim %d: %w: %w", c.info.PID, errdefs.ErrNotFound, err)
-		}
-		return fmt.Errorf("shim %d: %w: %w", c.info.PID, errdefs.ErrUnavailable, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var eb supervisor.ErrorBody
-		_ = json.NewDecoder(resp.Body).Decode(&eb)
-		return fmt.Errorf("shim %d %s %s: %s: %w", c.info.PID, method, path, eb.Error, kindOf(resp.StatusCode))
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("shim %d %s: decode: %w", c.info.PID, path, err)
-	}
-	return nil
+	return c.call(ctx, "POST", "/thaw", nil)
 }
 
 // ExitWatch reports whether one shim process has exited, by its pidfd: a
