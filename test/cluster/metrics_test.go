@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/grafanatest"
 	"github.com/cube-dev/cube/internal/promtest"
 )
@@ -64,9 +65,16 @@ func TestClusterMetrics(t *testing.T) {
 		t.Errorf("creates: pool %v cold %v, hits %v misses %v; want one create, hits = pool, misses = cold", pool, cold, hits, misses)
 	}
 	// The pool template base is missing here: its target keeps plain
-	// slots meanwhile, counted for it.
-	if node.Value("cube_cubelet_pool_target_slots", "template", "base") != 4 || node.Value("cube_cubelet_pool_ready_slots", "template", "base") < 0 {
-		t.Errorf("pool target %v ready %v", node["cube_cubelet_pool_target_slots"].GetMetric(), node["cube_cubelet_pool_ready_slots"].GetMetric())
+	// slots meanwhile, counted for it. Idle, the target is the default
+	// floor within the default budget (host memory / 16 at 16 MiB a slot).
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	budgetSlots := max(256, int64(si.Totalram)*int64(si.Unit)>>20/16) / 16
+	if want := float64(min(cubelet.DefaultPoolFloor, budgetSlots)); node.Value("cube_cubelet_pool_target_slots", "template", "base") != want ||
+		node.Value("cube_cubelet_pool_ready_slots", "template", "base") < 0 {
+		t.Errorf("pool target %v ready %v; want target %v", node["cube_cubelet_pool_target_slots"].GetMetric(), node["cube_cubelet_pool_ready_slots"].GetMetric(), want)
 	}
 	if node.Value("cube_api_request_duration_seconds") != -1 || node.Value("cube_nodes", "state", "Ready") != -1 {
 		t.Error("the cubelet exports control-plane metrics")
