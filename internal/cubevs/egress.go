@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -123,9 +124,18 @@ func (d *Dataplane) egressRules(ip netip.Addr, p EgressPolicy) [][]expr.Any {
 // verdict map entry and its egress chain. Absent pieces are fine. What to
 // delete comes from the mirror (by owner: a handful of map lookups), so a
 // kill reads nothing from the kernel whatever the number of sandboxes.
-func (d *Dataplane) removeOwnerNFT(owner string) error {
+//
+// hostPorts are more mappings to delete in the same transaction whoever
+// owns them (a sandbox's recorded ports; RemoveMapping would take a
+// transaction each); those the port map does not hold are skipped.
+func (d *Dataplane) removeOwnerNFT(owner string, hostPorts []uint16) error {
 	return d.retryStale(func(c *nftables.Conn, mi *nftMirror) error {
 		ports := mi.portsOfOwner(owner)
+		for _, hp := range hostPorts {
+			if _, ok := mi.ports[hp]; ok && !slices.Contains(ports, hp) {
+				ports = append(ports, hp)
+			}
+		}
 		if err := d.queueUnmap(c, ports); err != nil {
 			return err
 		}

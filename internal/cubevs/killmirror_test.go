@@ -207,3 +207,39 @@ func containsAll(s string, subs ...string) bool {
 	}
 	return true
 }
+
+// DetachWithMappings removes, with the owner's objects, the mappings of the
+// host ports it is given whoever owns them (a sandbox's recorded ports: a
+// stale owner's mapping of one of them goes too), skips ports the map does
+// not hold, and leaves every other mapping alone.
+func TestDetachWithMappings(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	ip := cfg.NodeCIDR.Addr().Next().Next()
+	p := cfg.PortMin
+	for _, m := range []Mapping{
+		{Owner: "sbx-a", HostPort: p, SandboxIP: ip, GuestPort: 80},
+		{Owner: "sbx-stale", HostPort: p + 1, SandboxIP: ip.Next(), GuestPort: 81},
+		{Owner: "sbx-b", HostPort: p + 2, SandboxIP: ip.Next().Next(), GuestPort: 80},
+	} {
+		if err := d.AddMapping(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.SetEgress(ctx, "sbx-a", ip, EgressPolicy{AllowInternet: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DetachWithMappings(ctx, "sbx-a", []uint16{p, p + 1, p + 3}); err != nil {
+		t.Fatalf("DetachWithMappings: %v", err)
+	}
+	got := readNFT(t, cfg)
+	if fmt.Sprint(got.ports) != fmt.Sprint(map[string][]uint16{"sbx-b": {p + 2}}) || len(got.verdicts) != 0 || len(got.chains) != 0 {
+		t.Fatalf("kernel holds %+v, want only sbx-b's mapping", got)
+	}
+	// Again: nothing left of sbx-a, nothing to do.
+	if err := d.DetachWithMappings(ctx, "sbx-a", []uint16{p, p + 1}); err != nil {
+		t.Fatalf("DetachWithMappings of a gone owner: %v", err)
+	}
+}

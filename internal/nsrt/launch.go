@@ -337,12 +337,11 @@ func startInit(spec Spec, stateDir string, files []*os.File, w *workload) (err e
 // neither works (leave nil, fd -1) the init starts where the shim is and
 // the shim moves it.
 func joinForClone(cg *cgroup.Cgroup, parent string) (cgFD int, leave func() error, err error) {
+	// The shim is in its cgroup in every hierarchy (launch checked or
+	// moved it there), so going back is one write per hierarchy that
+	// JoinThread touched.
 	back := func() error {
-		fd, err := cgroup.JoinThread(ShimCgroup(parent))
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		if err != nil {
+		if err := cg.LeaveThread(ShimCgroup(parent)); err != nil {
 			return fmt.Errorf("return the shim's thread to its cgroup: %w", err)
 		}
 		return nil

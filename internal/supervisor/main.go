@@ -80,6 +80,14 @@ type sandbox struct {
 	cg   control.Group
 }
 
+// KillInit SIGKILLs the init, which takes its pid namespace with it.
+func (s *sandbox) KillInit() error {
+	if err := s.init.Kill(); err != nil {
+		return fmt.Errorf("kill init %d: %w", s.init.Pid(), err)
+	}
+	return nil
+}
+
 // Kill SIGKILLs the init, which takes its pid namespace with it, then
 // whatever else is in the cgroup.
 func (s *sandbox) Kill(ctx context.Context) error {
@@ -163,7 +171,11 @@ func run(log *slog.Logger, stateDir string, initPID int, cg control.Group, statu
 	<-initDone
 	exit := initExit
 	exit.Schema = SchemaVersion
-	if err := atomicfile.WriteJSON(filepath.Join(stateDir, ExitFile), exit, 0o644); err != nil {
+	// Written without an fsync, like shim.json: a /kill waits for it, and
+	// concurrent kills queued their fsyncs behind the disk's journal. The
+	// record only matters while the machine runs (a reboot ends every
+	// sandbox, and the agent then reports "its supervisor is gone").
+	if err := atomicfile.ReplaceJSON(filepath.Join(stateDir, ExitFile), exit, 0o644); err != nil {
 		log.Error("record exit", "err", err)
 	}
 	srv.markExited(exit)

@@ -17,6 +17,10 @@ import (
 
 // Sandbox is what the server acts on: one sandbox's processes.
 type Sandbox interface {
+	// KillInit SIGKILLs the sandbox's init, the pid 1 of its pid
+	// namespace: the kernel takes every process of the namespace with it
+	// before the init's exit is reported.
+	KillInit() error
 	// Kill kills every process of the sandbox and returns once they are gone.
 	Kill(ctx context.Context) error
 	Freeze(ctx context.Context) error
@@ -24,20 +28,28 @@ type Sandbox interface {
 }
 
 // server answers the shim API (GET /state, POST /kill, /freeze, /thaw) on
-// the unix socket. It speaks just enough HTTP/1.1 for the agent's net/http
-// client: one request per connection, no request body, JSON answers with
-// Connection: close. net/http's server would cost every sandbox ~200 KiB
-// of heap and a thread.
+// the unix socket. It speaks just enough HTTP/1.1 for the agent's client
+// (package shim's, as small): one request per connection, no request body,
+// JSON answers with Connection: close. net/http's server would cost every
+// sandbox ~200 KiB of heap and a thread.
 type server struct {
 	sb     Sandbox
 	mu     sync.Mutex
 	state  State
 	exited chan struct{} // closed once exit.json is written
 	conns  sync.WaitGroup
+	// initGrace is how long a kill waits for the init's exit alone before
+	// it kills the cgroup's processes too (initExitGrace; tests shorten it).
+	initGrace time.Duration
 }
 
+// initExitGrace bounds the wait for a killed init's exit (normally a few
+// milliseconds, more with many kills at once) before the cgroup is
+// frozen, killed and thawed as well.
+const initExitGrace = time.Second
+
 func newServer(sb Sandbox, st State) *server {
-	return &server{sb: sb, state: st, exited: make(chan struct{})}
+	return &server{sb: sb, state: st, exited: make(chan struct{}), initGrace: initExitGrace}
 }
 
 // markExited records the init's end and releases /kill waiters.
@@ -141,6 +153,25 @@ func (s *server) kill() error {
 	case <-s.exited:
 		return nil
 	default:
+	}
+	// The init's death ends the whole pid namespace: wait for that first.
+	// Killing the cgroup at once (freeze, list, signal, thaw, poll until
+	// empty) raced the kernel's own teardown, and on cgroup v1 the freeze
+	// polls until the dying tasks are gone: with 50 kills at once that was
+	// several polls per kill. The cgroup is still killed when the init does
+	// not end in time, and at once for a frozen sandbox (its tasks die only
+	// once thawed); after the init's exit, run kills any leftovers anyway.
+	if !s.snapshot().Frozen {
+		if err := s.sb.KillInit(); err != nil {
+			return fmt.Errorf("kill sandbox: %w", err)
+		}
+		t := time.NewTimer(s.initGrace)
+		defer t.Stop()
+		select {
+		case <-s.exited:
+			return nil
+		case <-t.C:
+		}
 	}
 	if err := s.sb.Kill(ctx); err != nil {
 		return fmt.Errorf("kill sandbox: %w", err)

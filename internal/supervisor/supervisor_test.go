@@ -40,10 +40,11 @@ func TestStaysSmall(t *testing.T) {
 
 // fakeSandbox records what the server asked of it.
 type fakeSandbox struct {
-	mu     sync.Mutex
-	calls  []string
-	err    error
-	onKill func()
+	mu         sync.Mutex
+	calls      []string
+	err        error
+	onKill     func()
+	onKillInit func()
 }
 
 func (f *fakeSandbox) record(op string) error {
@@ -56,6 +57,13 @@ func (f *fakeSandbox) Kill(context.Context) error {
 	err := f.record("kill")
 	if f.onKill != nil {
 		f.onKill()
+	}
+	return err
+}
+func (f *fakeSandbox) KillInit() error {
+	err := f.record("kill-init")
+	if f.onKillInit != nil {
+		f.onKillInit()
 	}
 	return err
 }
@@ -150,11 +158,12 @@ func TestServerRoutes(t *testing.T) {
 }
 
 // A kill answers once the init's exit is recorded; later kills answer at
-// once, and freezing an ended sandbox is refused.
+// once, and freezing an ended sandbox is refused. An init that ends when
+// killed spares the cgroup kill.
 func TestServerKillWaitsForExit(t *testing.T) {
 	fs := &fakeSandbox{}
 	srv := newServer(fs, State{Running: true})
-	fs.onKill = func() { go srv.markExited(ExitStatus{ExitCode: -1, Signal: "SIGKILL"}) }
+	fs.onKillInit = func() { go srv.markExited(ExitStatus{ExitCode: -1, Signal: "SIGKILL"}) }
 	sock := serveOn(t, srv)
 	code, body := roundTrip(t, sock, "POST /kill HTTP/1.1\r\n\r\n")
 	if code != 200 || !strings.Contains(body, `"running":false`) || !strings.Contains(body, "SIGKILL") {
@@ -168,8 +177,34 @@ func TestServerKillWaitsForExit(t *testing.T) {
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if len(fs.calls) != 1 {
-		t.Errorf("calls = %v, want one kill", fs.calls)
+	if fmt.Sprint(fs.calls) != "[kill-init]" {
+		t.Errorf("calls = %v, want one kill of the init", fs.calls)
+	}
+}
+
+// An init that outlives the grace after its kill, and a frozen sandbox
+// (its tasks die only once thawed), get the cgroup kill as well.
+func TestServerKillFallsBackToCgroup(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		frozen bool
+		want   string
+	}{{"init-stays", false, "[kill-init kill]"}, {"frozen", true, "[kill]"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := &fakeSandbox{}
+			srv := newServer(fs, State{Running: true, Frozen: tc.frozen})
+			srv.initGrace = 10 * time.Millisecond
+			fs.onKill = func() { go srv.markExited(ExitStatus{ExitCode: -1, Signal: "SIGKILL"}) }
+			sock := serveOn(t, srv)
+			if code, body := roundTrip(t, sock, "POST /kill HTTP/1.1\r\n\r\n"); code != 200 || !strings.Contains(body, `"running":false`) {
+				t.Fatalf("POST /kill: %d %q", code, body)
+			}
+			fs.mu.Lock()
+			defer fs.mu.Unlock()
+			if got := fmt.Sprint(fs.calls); got != tc.want {
+				t.Errorf("calls = %s, want %s", got, tc.want)
+			}
+		})
 	}
 }
 
