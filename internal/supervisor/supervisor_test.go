@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cube-dev/cube/internal/deptest"
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
@@ -26,16 +27,8 @@ import (
 // not link what costs heap and threads at start-up. net/http and eBPF
 // cost ~400 KiB of anonymous memory and one thread per sandbox, measured.
 func TestStaysSmall(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/cube-dev/cube/cmd/cube-supervisor").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	deps := strings.Fields(string(out))
-	for _, banned := range []string{"net/http", "crypto/tls", "github.com/cilium/ebpf", "os/exec", "github.com/cube-dev/cube/internal/cgroup"} {
-		if slices.Contains(deps, banned) {
-			t.Errorf("cube-supervisor links %s", banned)
-		}
-	}
+	deptest.Forbid(t, "github.com/cube-dev/cube/cmd/cube-supervisor",
+		"net/http/...", "crypto/tls", "github.com/cilium/ebpf/...", "os/exec", "github.com/cube-dev/cube/internal/cgroup")
 }
 
 // fakeSandbox records what the server asked of it.
