@@ -104,6 +104,12 @@ func runBinary(t *testing.T, cfg string, attr *syscall.SysProcAttr) (*exec.Cmd, 
 // envd's own, e.g. cube-reaper ... --).
 func runBinaryUnder(t *testing.T, cfg string, attr *syscall.SysProcAttr, wrapper []string) (*exec.Cmd, string, *exitState) {
 	t.Helper()
+	return runBinaryWith(t, cfg, attr, wrapper, nil)
+}
+
+// runBinaryWith is runBinaryUnder with env added to the environment.
+func runBinaryWith(t *testing.T, cfg string, attr *syscall.SysProcAttr, wrapper, env []string) (*exec.Cmd, string, *exitState) {
+	t.Helper()
 	bin := envdBinary(t)
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, "envd.json")
@@ -119,6 +125,9 @@ func runBinaryUnder(t *testing.T, cfg string, attr *syscall.SysProcAttr, wrapper
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = attr
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +210,9 @@ func TestBinary(t *testing.T) {
 	if err := exec.Command(envdBinary(t), "--bogus").Run(); err == nil {
 		t.Fatal("unknown flag accepted")
 	}
-	cmd, url, exited := runBinary(t, `{"accessToken":"bin-token","defaultUser":"root","envVars":{"X":"y"}}`, nil)
+	// Started like a node starts it: on one P until it has served
+	// (StartupProcsEnv); nothing it starts sees those variables.
+	cmd, url, exited := runBinaryWith(t, `{"accessToken":"bin-token","defaultUser":"root","envVars":{"X":"y"}}`, nil, nil, envd.StartupProcsEnv)
 	resp, err := http.Get(url + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +234,7 @@ func TestBinary(t *testing.T) {
 	t.Logf("envd RssFile %d -> %d KiB", started, rssFileKiB(t, cmd.Process.Pid))
 	ctx := testCtx(t, 20*time.Second)
 	pc := processconnect.NewProcessClient(http.DefaultClient, url, connect.WithProtoJSON(), connect.WithInterceptors(tokenInterceptor("bin-token")))
-	s, err := pc.Start(ctx, connect.NewRequest(startCmd(`echo "$X"; exit 4`)))
+	s, err := pc.Start(ctx, connect.NewRequest(startCmd(`echo "$X${GOMAXPROCS-}${CUBE_ENVD_STARTUP_PROCS-}"; exit 4`)))
 	if err != nil {
 		t.Fatal(err)
 	}

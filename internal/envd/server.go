@@ -13,6 +13,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/cube-dev/cube/api/gen/envd/filesystem/filesystemconnect"
+	"github.com/cube-dev/cube/api/gen/envd/process/processconnect"
 	"github.com/cube-dev/cube/internal/envd/account"
 	"github.com/cube-dev/cube/internal/envd/files"
 	"github.com/cube-dev/cube/internal/envd/filesystem"
@@ -30,7 +32,11 @@ type Server struct {
 	fs       *filesystem.Service
 	files    *files.Handler
 	mux      *http.ServeMux
-	errw     *connect.ErrorWriter
+	// rpc holds the Connect services' handlers, built on their first call.
+	rpc [2]*lazyHandler
+	// errw writes Connect errors (unauthenticated RPCs); built on first use
+	// like the services' handlers.
+	errw func() *connect.ErrorWriter
 
 	mu       sync.RWMutex
 	token    string
@@ -51,14 +57,20 @@ func NewServer(cfg Config) *Server {
 		fs:       filesystem.New(settings),
 		files:    files.NewHandler(settings),
 		mux:      http.NewServeMux(),
-		errw:     connect.NewErrorWriter(),
+		errw:     sync.OnceValue(func() *connect.ErrorWriter { return connect.NewErrorWriter() }),
 		token:    cfg.AccessToken,
 	}
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxRPCMessage)}
-	path, h := s.process.Handler(opts...)
-	s.mux.Handle(path, s.requireToken(h, true))
-	path, h = s.fs.Handler(opts...)
-	s.mux.Handle(path, s.requireToken(h, true))
+	s.rpc[0] = newLazyHandler(func() http.Handler {
+		_, h := s.process.Handler(opts...)
+		return h
+	})
+	s.rpc[1] = newLazyHandler(func() http.Handler {
+		_, h := s.fs.Handler(opts...)
+		return h
+	})
+	s.mux.Handle(processPath, s.requireToken(s.rpc[0], true))
+	s.mux.Handle(filesystemPath, s.requireToken(s.rpc[1], true))
 	s.mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.mux.Handle("/files", s.requireFileAuth(s.files))
 	s.mux.Handle("GET /envs", s.requireToken(http.HandlerFunc(s.envs), false))
@@ -68,6 +80,14 @@ func NewServer(cfg Config) *Server {
 	})
 	return s
 }
+
+// The Connect services' mount paths, as their generated handlers return
+// them (TestConnectPaths); the handlers are built on the first call
+// (lazyHandler).
+const (
+	processPath    = "/" + processconnect.ProcessName + "/"
+	filesystemPath = "/" + filesystemconnect.FilesystemName + "/"
+)
 
 // ServeHTTP serves envd's routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -103,8 +123,8 @@ func (s *Server) requireToken(next http.Handler, rpc bool) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if rpc && s.errw.IsSupported(r) {
-			_ = s.errw.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errors.New("missing or wrong X-Access-Token")))
+		if rpc && s.errw().IsSupported(r) {
+			_ = s.errw().Write(w, r, connect.NewError(connect.CodeUnauthenticated, errors.New("missing or wrong X-Access-Token")))
 			return
 		}
 		files.WriteError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token")

@@ -68,6 +68,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if got := read("/tmp/pid"); got != "1" {
 		t.Errorf("init's pid inside = %s, want 1", got)
 	}
+	assertNoGOMAXPROCS(t, init)
 	if n, _ := strconv.Atoi(read("/tmp/nprocs")); n < 1 || n > 3 {
 		t.Errorf("sandbox /proc shows %d processes; it is not its own procfs", n)
 	}

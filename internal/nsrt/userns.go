@@ -135,7 +135,8 @@ func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
 	pidfd := -1
 	cmd := exec.Command("/proc/self/exe", InitCommand, usernsChildFlag)
 	cmd.Args[0] = os.Args[0]
-	cmd.Env = []string{}
+	// One P, like pid 1 (initEnv); B execs the workload with Spec.Env.
+	cmd.Env = []string{"GOMAXPROCS=1"}
 	cmd.Dir = "/" // moved into the new root by pivot_root, like B's root
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.ExtraFiles = []*os.File{os.NewFile(ReadyFD, "ready"), r}

@@ -139,6 +139,7 @@ func TestUserNamespace(t *testing.T) {
 			if got := statusIDs(t, work, "Gid:"); got != host {
 				t.Errorf("workload host gid = %s, want %s", got, host)
 			}
+			assertNoGOMAXPROCS(t, work)
 			if cg, err := cgroup.Open(e.parent, spec.ID); err != nil {
 				t.Error(err)
 			} else if procs, err := cg.Procs(); err != nil || !slices.Contains(procs, work) {
@@ -307,5 +308,20 @@ func TestReaperEnv(t *testing.T) {
 	want := []string{"PATH=/bin", "A=1", ReapPIDEnv + "=42", "GOMAXPROCS=1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("reaperEnv = %q, want %q", got, want)
+	}
+}
+
+// assertNoGOMAXPROCS checks that pid (a workload) did not inherit the
+// GOMAXPROCS pid 1 and B run with (initEnv).
+func assertNoGOMAXPROCS(t *testing.T, pid int) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			t.Errorf("workload %d has %s in its environment", pid, kv)
+		}
 	}
 }

@@ -96,7 +96,7 @@ func TestInterpretersAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 		v := vm(t, arch, DefaultPolicy())
-		maxNr := slices.Max(sortedKeys(arch.Names))
+		maxNr := slices.Max(sortedKeys(arch.Names()))
 		var steps, maxSteps int
 		for nr := uint32(0); nr <= maxNr; nr++ {
 			got, n, err := execute(prog, arch.Audit, nr, [6]uint32{})

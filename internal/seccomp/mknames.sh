@@ -11,9 +11,13 @@ gen() { # goarch file
 		echo
 		echo "package seccomp"
 		echo
-		echo "// $1Names maps the $1 syscall numbers to their names."
-		echo "var $1Names = map[uint32]string{"
+		echo "// $1Names returns the map of the $1 syscall numbers to their names. A"
+		echo "// function, not a package-level map, so that a process that links this"
+		echo "// package but needs no names (cube-shim) does not build it at start."
+		echo "func $1Names() map[uint32]string {"
+		echo "return map[uint32]string{"
 		awk '$1 ~ /^SYS_/ && $2 == "=" { printf "\t%s: \"%s\",\n", $3, tolower(substr($1, 5)) }' "$dir/zsysnum_linux_$1.go"
+		echo "}"
 		echo "}"
 	} >"$2"
 	gofmt -w "$2"

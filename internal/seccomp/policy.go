@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -50,8 +51,9 @@ func (p Policy) WithAllowed(names ...string) Policy {
 // Arch is what the filter needs to know about one architecture.
 type Arch struct {
 	GOARCH string
-	Audit  uint32            // AUDIT_ARCH_* of the native 64-bit ABI
-	Names  map[uint32]string // syscall number -> name
+	Audit  uint32 // AUDIT_ARCH_* of the native 64-bit ABI
+	// Names returns the map of syscall numbers to names, built on first use.
+	Names func() map[uint32]string
 	// X32 says syscall numbers with bit 30 set belong to a second ABI on
 	// the same audit arch (x32 on x86_64); they kill the process.
 	X32 bool
@@ -61,8 +63,8 @@ type Arch struct {
 
 // Arches are the architectures Cube builds filters for.
 var Arches = map[string]Arch{
-	"amd64": {GOARCH: "amd64", Audit: unix.AUDIT_ARCH_X86_64, Names: amd64Names, X32: true},
-	"arm64": {GOARCH: "arm64", Audit: unix.AUDIT_ARCH_AARCH64, Names: arm64Names},
+	"amd64": {GOARCH: "amd64", Audit: unix.AUDIT_ARCH_X86_64, Names: sync.OnceValue(amd64Names), X32: true},
+	"arm64": {GOARCH: "arm64", Audit: unix.AUDIT_ARCH_AARCH64, Names: sync.OnceValue(arm64Names)},
 }
 
 // NativeArch is the architecture Cube runs on.
@@ -75,12 +77,13 @@ func NativeArch() (Arch, error) {
 }
 
 // Name returns the name of syscall nr ("" when unknown).
-func (a Arch) Name(nr uint32) string { return a.Names[nr] }
+func (a Arch) Name(nr uint32) string { return a.Names()[nr] }
 
 // numbers maps names to numbers.
 func (a Arch) numbers() map[string]uint32 {
-	m := make(map[string]uint32, len(a.Names))
-	for nr, name := range a.Names {
+	names := a.Names()
+	m := make(map[string]uint32, len(names))
+	for nr, name := range names {
 		m[name] = nr
 	}
 	return m
@@ -179,7 +182,7 @@ func (p Policy) resolve(arch Arch) (resolved, error) {
 // knownName says whether any supported architecture has the syscall.
 func knownName(name string) bool {
 	for _, a := range Arches {
-		for _, n := range a.Names {
+		for _, n := range a.Names() {
 			if n == name {
 				return true
 			}

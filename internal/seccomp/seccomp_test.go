@@ -86,7 +86,7 @@ func TestEverySyscallMatchesPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			maxNr := slices.Max(sortedKeys(arch.Names))
+			maxNr := slices.Max(sortedKeys(arch.Names()))
 			counts := map[Verdict]int{}
 			for nr := uint32(0); nr <= maxNr+64; nr++ {
 				var args [6]uint32
