@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cube-dev/cube/internal/cgroup"
+	"github.com/cube-dev/cube/internal/envd"
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodestore"
 	"github.com/cube-dev/cube/internal/nsrt"
@@ -218,18 +219,15 @@ func validID(id string) bool {
 	return id[0] != '-'
 }
 
-// envdStartupProcsEnv is envd.StartupProcsEnv (TestEnvdStartupProcsEnv): envd
-// starts on one P, ~0.5 ms of CPU less per start, and then takes both
-// variables out of its environment and goes back to the default GOMAXPROCS.
-var envdStartupProcsEnv = []string{"GOMAXPROCS=1", "CUBE_ENVD_STARTUP_PROCS=1"}
-
 // sandboxEnv is the environment of the sandbox's workload (envd, behind the
-// reaper when there is one). Not with the code interpreter in front: its
-// server and kernels would inherit the variables.
+// reaper when there is one), with envd.StartupProcsEnv: envd starts on one
+// P, ~0.5 ms of CPU less per start, then takes both variables out of its
+// environment and goes back to the default GOMAXPROCS. Not with the code
+// interpreter in front: its server and kernels would inherit them.
 func sandboxEnv(args []string) []string {
-	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	env := []string{"PATH=" + nsrt.DefaultPath}
 	if slices.Contains(args, sandboxInterpPath) {
 		return env
 	}
-	return append(env, envdStartupProcsEnv...)
+	return append(env, envd.StartupProcsEnv...)
 }

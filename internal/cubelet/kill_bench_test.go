@@ -76,12 +76,10 @@ func BenchmarkKillConcurrent(b *testing.B) {
 	}
 	b.StopTimer()
 	slices.Sort(lat)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	q := func(s []time.Duration, f float64) float64 { return ms(s[int(f*float64(len(s)-1))]) }
-	b.ReportMetric(q(lat, 0.5), "p50-ms")
-	b.ReportMetric(q(lat, 0.99), "p99-ms")
+	b.ReportMetric(percentileMS(lat, 50), "p50-ms")
+	b.ReportMetric(percentileMS(lat, 99), "p99-ms")
 	slices.Sort(walls)
-	b.ReportMetric(q(walls, 0.5), "round-ms")
+	b.ReportMetric(percentileMS(walls, 50), "round-ms")
 	for step, v := range steps.medians() {
 		b.ReportMetric(v, step+"-p50-ms")
 	}

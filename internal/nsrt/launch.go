@@ -29,7 +29,11 @@ const InitCommand = "sandbox-init"
 // ~0.3 ms of CPU per start, and pid 1 and B (the user namespace's workload
 // process, started with it too) work one step at a time. Neither passes its
 // environment on: the workload gets Spec.Env, the reaper reaperEnv.
-var initEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "GOMAXPROCS=1"}
+var initEnv = []string{"PATH=" + DefaultPath, "GOMAXPROCS=1"}
+
+// DefaultPath is the PATH of a sandbox's processes unless their Spec.Env
+// says otherwise, and of sandbox-init itself.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // syncFD is the socket on which sandbox-init waits for the shim's release
 // message (initsync.go).

@@ -71,7 +71,7 @@ func TestClusterMetrics(t *testing.T) {
 	if err := syscall.Sysinfo(&si); err != nil {
 		t.Fatal(err)
 	}
-	budgetSlots := max(256, int64(si.Totalram)*int64(si.Unit)>>20/16) / 16
+	budgetSlots := cubelet.DefaultPoolMemoryMB(int64(si.Totalram)*int64(si.Unit)>>20) / 16 // 16 MiB a slot
 	if want := float64(min(cubelet.DefaultPoolFloor, budgetSlots)); node.Value("cube_cubelet_pool_target_slots", "template", "base") != want ||
 		node.Value("cube_cubelet_pool_ready_slots", "template", "base") < 0 {
 		t.Errorf("pool target %v ready %v; want target %v", node["cube_cubelet_pool_target_slots"].GetMetric(), node["cube_cubelet_pool_ready_slots"].GetMetric(), want)

@@ -28,7 +28,7 @@ func TestTemplateBuildSIGKILL(t *testing.T) {
 	steps := `[{"type":"RUN","args":["echo started; sleep 600"],"force":false}]`
 	tid, bid := n.startBuild(ctx, t, "crash-tpl", steps)
 	// Wait until the step runs inside the build sandbox.
-	waitBuild(t, 2*time.Minute, func() (bool, string) {
+	waitFor(t, 2*time.Minute, func() (bool, string) {
 		st := n.buildStatus(ctx, t, tid, bid)
 		return st.Status == "building" && strings.Contains(st.logText(), "started"), st.String()
 	})
@@ -52,7 +52,7 @@ func TestTemplateBuildSIGKILL(t *testing.T) {
 	}
 	// The build sandbox is killed at start (its id was recorded before the
 	// step ran): nothing of it is left on the node.
-	waitBuild(t, 30*time.Second, func() (bool, string) {
+	waitFor(t, 30*time.Second, func() (bool, string) {
 		left := n.sandboxDirs(t)
 		return len(left) == 0, fmt.Sprintf("sandbox state left: %v", left)
 	})
@@ -75,7 +75,7 @@ func TestTemplateBuildSIGKILL(t *testing.T) {
 	if tid2 != tid {
 		t.Errorf("rebuild got template id %s, want the same %s", tid2, tid)
 	}
-	waitBuild(t, 2*time.Minute, func() (bool, string) {
+	waitFor(t, 2*time.Minute, func() (bool, string) {
 		st := n.buildStatus(ctx, t, tid2, bid2)
 		if st.Status == "error" {
 			t.Fatalf("rebuild failed: %s", st)
@@ -195,19 +195,4 @@ func (n *node) templateEntries(t *testing.T) []string {
 		out = append(out, e.Name())
 	}
 	return out
-}
-
-func waitBuild(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v; last: %s", timeout, detail)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-dev/cube/internal/cubelet"
 )
 
 // At default settings the idle adaptive pool keeps its floor ready (64
@@ -35,24 +38,17 @@ func TestBurstOf200AtDefaults(t *testing.T) {
 			m.Value("cube_cubelet_pool_hits_total", "template", "base")
 	}
 	// The default budget: host memory / 16 at 16 MiB a slot.
-	budget := float64(max(256, hostMemoryMB()/16) / 16)
+	budget := float64(cubelet.DefaultPoolMemoryMB(hostMemoryMB()) / 16)
 	floor := min(64, budget)
 	if target, _, _ := pool(); target != floor {
 		t.Fatalf("idle adaptive pool: target %v slots, want the floor %v", target, floor)
 	}
 	waitReady := func(want float64, within time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for {
+		waitFor(t, within, func() (bool, string) {
 			_, ready, _ := pool()
-			if ready >= want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pool at %v ready slots after %v, want %v", ready, within, want)
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+			return ready >= want, fmt.Sprintf("pool at %v ready slots, want %v", ready, want)
+		})
 	}
 	waitReady(floor, 2*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

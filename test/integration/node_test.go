@@ -411,3 +411,20 @@ func inNS(path string, fn func() error) error {
 	}()
 	return <-errc
 }
+
+// waitFor polls cond until it holds, failing t with cond's last detail after
+// timeout.
+func waitFor(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v; last: %s", timeout, detail)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
