@@ -60,11 +60,13 @@ func (r *Registry) EnsureBase(ctx context.Context, progress io.Writer) (Template
 	if progress == nil {
 		progress = io.Discard
 	}
-	if t, err := r.Get(ctx, BaseName); err == nil || !errors.Is(err, errdefs.ErrNotFound) {
-		return t, err
-	}
+	// Leftovers of builds a crash interrupted go at every start, not only
+	// when base is missing: a restart finds base present.
 	if err := r.Cleanup(ctx); err != nil {
 		return Template{}, err
+	}
+	if t, err := r.Get(ctx, BaseName); err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+		return t, err
 	}
 	unlock, err := r.lock(ctx, BaseName)
 	if err != nil {

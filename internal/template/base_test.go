@@ -3,6 +3,7 @@ package template
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,10 +89,18 @@ func TestEnsureBase(t *testing.T) {
 		t.Errorf("python3 in rootfs: %v: %s", err, out)
 	}
 
-	// Second call: present, returned as is.
+	// Second call (a restart): present, returned as is; the staging dir of
+	// a build a crash interrupted is swept all the same.
+	stale := filepath.Join(r.Dir, ".tmp-crashed-0123456789abcdef")
+	if err := os.MkdirAll(filepath.Join(stale, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	again, err := r.EnsureBase(ctx, nil)
 	if err != nil || again.Digest != tpl.Digest || !again.CreatedAt.Equal(tpl.CreatedAt) {
 		t.Errorf("second EnsureBase = %+v, %v; want the same template", again, err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("staging dir of an interrupted build still there after EnsureBase with base present: %v", err)
 	}
 
 	// Another data dir gets base from the cache quickly, with the same content.
