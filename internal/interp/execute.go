@@ -61,10 +61,10 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 	keepalive := time.NewTicker(keepaliveInterval)
 	defer keepalive.Stop()
 	var (
-		idle, replied, errored bool
-		emitting               = true
-		done                   = ctx.Done()
-		grace                  <-chan time.Time
+		lines    = executionLines{silent: silent}
+		emitting = true
+		done     = ctx.Done()
+		grace    <-chan time.Time
 	)
 	stopEmitting := func() {
 		if !emitting {
@@ -84,33 +84,10 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 			stopEmitting()
 		}
 	}
-	for !(idle && replied) {
+	for !lines.complete() {
 		select {
 		case m := <-ch:
-			switch m.Header.MsgType {
-			case "status":
-				var c struct {
-					State string `json:"execution_state"`
-				}
-				_ = json.Unmarshal(m.Content, &c)
-				idle = idle || c.State == "idle"
-			case "execute_reply":
-				replied = true
-				line := replyLine(m)
-				if line != nil && !errored {
-					errored = true
-					out(line)
-				}
-			case "error":
-				if !errored {
-					errored = true
-					out(errorLine(m))
-				}
-			default:
-				if !silent || m.Header.MsgType == "stream" {
-					out(outputLine(m))
-				}
-			}
+			lines.take(m, out)
 		case <-k.exited:
 			// What the kernel sent just before it exited is still on its
 			// way (e.g. a print before os._exit): take it first.
@@ -136,10 +113,58 @@ func (k *kernel) execute(ctx context.Context, code string, silent bool, emit fun
 			out(map[string]string{"type": "keepalive"})
 		}
 	}
-	if errored && silent {
+	if lines.finish(out) && silent {
 		return errors.New("silent execution failed")
 	}
 	return nil
+}
+
+// executionLines turns one execution's kernel messages into the client's
+// lines in the kernel's order, with one error line at most. The
+// execute_reply comes on the shell socket and may overtake iopub's stream
+// and error messages, so the error it carries waits until the execution is
+// complete: iopub's idle comes after all of them.
+type executionLines struct {
+	silent                 bool
+	idle, replied, errored bool
+	replyErr               any
+}
+
+// take handles one message of the execution, passing lines to out.
+func (e *executionLines) take(m message, out func(any)) {
+	switch m.Header.MsgType {
+	case "status":
+		var c struct {
+			State string `json:"execution_state"`
+		}
+		_ = json.Unmarshal(m.Content, &c)
+		e.idle = e.idle || c.State == "idle"
+	case "execute_reply":
+		e.replied = true
+		e.replyErr = replyLine(m)
+	case "error":
+		if !e.errored {
+			e.errored = true
+			out(errorLine(m))
+		}
+	default:
+		if !e.silent || m.Header.MsgType == "stream" {
+			out(outputLine(m))
+		}
+	}
+}
+
+// complete reports whether the kernel replied and is idle again.
+func (e *executionLines) complete() bool { return e.idle && e.replied }
+
+// finish emits the reply's error if iopub published none, and reports
+// whether the execution failed.
+func (e *executionLines) finish(out func(any)) bool {
+	if e.replyErr != nil && !e.errored {
+		e.errored = true
+		out(e.replyErr)
+	}
+	return e.errored
 }
 
 // outputLine turns an iopub message into a stream line, or nil for the
