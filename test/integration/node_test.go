@@ -132,8 +132,12 @@ func (n *node) startOnce(retryable bool) (_ time.Duration, bindRace bool) {
 	// No warm pool: these tests plant orphans on the next IP the allocator
 	// hands out, which a pool would already hold.
 	// Slots of the pool's main template only (with n.extra's
-	// --pool-size): the tests count supervisors and slots.
-	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "info", "--pool-size", "0", "--pool-templates="}, n.flags()...)
+	// --pool-size): the tests count supervisors and slots. No background
+	// build of code-interpreter-v1 either: where the cache lacks it (a
+	// fresh machine) its build sandbox would be one more sandbox, port
+	// mapping and supervisor in every count (CI failed on that).
+	args := append([]string{"up", "--listen", n.listen, "--api-key", n.key, "--log-level", "info", "--pool-size", "0", "--pool-templates=",
+		"--prebuild-code-interpreter=false"}, n.flags()...)
 	args = append(args, n.extra...)
 	logf, err := os.OpenFile(filepath.Join(n.dir, "cube.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
