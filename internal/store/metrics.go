@@ -48,14 +48,17 @@ func (s *sqlStore) RegisterMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// timedDB is the store's *sql.DB with the statement methods timed; every
-// other method (Close, PingContext, Conn, Stats ...) is the DB's own.
+// timedDB is the store's *sql.DB with the statement methods timed, and its
+// writes (ExecContext, transactions: all are write transactions) through
+// the write gate (nil: none); every other method (Close, PingContext, Conn,
+// Stats ...) is the DB's own.
 type timedDB struct {
 	*sql.DB
-	hist atomic.Pointer[prometheus.HistogramVec] // nil until RegisterMetrics
+	writes writeGate
+	hist   atomic.Pointer[prometheus.HistogramVec] // nil until RegisterMetrics
 }
 
-func newTimedDB(db *sql.DB) *timedDB { return &timedDB{DB: db} }
+func newTimedDB(db *sql.DB, writes writeGate) *timedDB { return &timedDB{DB: db, writes: writes} }
 
 // observe records one statement or transaction; a no-op before RegisterMetrics.
 func (db *timedDB) observe(op, outcome string, start time.Time) {
@@ -74,7 +77,12 @@ func outcomeOf(err error) string {
 // ExecContext runs and times one statement.
 func (db *timedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	start := time.Now()
+	if err := db.writes.enter(ctx); err != nil {
+		db.observe(operation(query), outcomeError, start)
+		return nil, err
+	}
 	res, err := db.DB.ExecContext(ctx, query, args...)
+	db.writes.leave()
 	db.observe(operation(query), outcomeOf(err), start)
 	return res, err
 }
@@ -101,11 +109,17 @@ func (db *timedDB) QueryContext(ctx context.Context, query string, args ...any) 
 	return &timedRows{Rows: rows, done: func(err error) { db.observe(op, outcomeOf(err), start) }}, nil
 }
 
-// BeginTx begins a transaction timed until its commit or rollback.
+// BeginTx begins a transaction timed until its commit or rollback, which
+// hold the write gate until then.
 func (db *timedDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (*timedTx, error) {
 	start := time.Now()
+	if err := db.writes.enter(ctx); err != nil {
+		db.observe("tx_begin", outcomeError, start)
+		return nil, err
+	}
 	tx, err := db.DB.BeginTx(ctx, opts)
 	if err != nil {
+		db.writes.leave()
 		db.observe("tx_begin", outcomeError, start)
 		return nil, err
 	}
@@ -134,7 +148,8 @@ func (r *timedRows) Close() error {
 }
 
 // timedTx is a transaction named by its first statement and recorded once,
-// at Commit or Rollback (a deferred Rollback after Commit records nothing).
+// at Commit or Rollback (a deferred Rollback after Commit records nothing),
+// when it also leaves the write gate. Every transaction must end in one.
 type timedTx struct {
 	*sql.Tx
 	db    *timedDB
@@ -159,6 +174,7 @@ func (tx *timedTx) end(outcome string) {
 		return
 	}
 	tx.ended = true
+	tx.db.writes.leave()
 	op := tx.op
 	if op == "" {
 		op = "tx_empty"

@@ -53,7 +53,7 @@ func OpenPostgreSQL(ctx context.Context, dsn string) (*PostgreSQL, error) {
 		db.Close()
 		return nil, fmt.Errorf("open postgresql %s: %w", where, err)
 	}
-	return &PostgreSQL{sqlStore{db: newTimedDB(db), d: postgresDialect, now: time.Now}}, nil
+	return &PostgreSQL{sqlStore{db: newTimedDB(db, nil), d: postgresDialect, now: time.Now}}, nil
 }
 
 // redactDSN returns dsn fit for an error message: a URL without its

@@ -35,6 +35,10 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	db.SetMaxOpenConns(8)
+	// All of them stay open: database/sql keeps 2 idle by default, and
+	// under a burst a connection closed and reopened costs its start-up
+	// pragmas each time.
+	db.SetMaxIdleConns(8)
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	if err := pingSQLite(ctx, db); err != nil {
 		db.Close()
@@ -44,7 +48,7 @@ func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	return &SQLite{sqlStore{db: newTimedDB(db), d: sqliteDialect, now: time.Now}}, nil
+	return &SQLite{sqlStore{db: newTimedDB(db, newWriteGate()), d: sqliteDialect, now: time.Now}}, nil
 }
 
 // pingSQLite opens the first connection, retrying while the database is
