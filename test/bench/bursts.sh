@@ -27,12 +27,13 @@ done
 [[ "${1:-}" == "--" ]] && shift
 export CUBE_CACHE_DIR="${CUBE_CACHE_DIR:-/var/cache/cube}"
 TMP="$(mktemp -d /tmp/cube-bursts.XXXXXX)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 KEY="bursts_$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-PORT="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+PORT="$(free_port)"
 URL="http://127.0.0.1:$PORT"
 METRICS=()
 if [[ -n "${CUBE_BENCH_METRICS:-}" ]]; then
-	MPORT="$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+	MPORT="$(free_port)"
 	METRICS=(--metrics-listen "127.0.0.1:$MPORT")
 fi
 "$CUBE" up --listen "127.0.0.1:$PORT" --data-dir "$TMP/data" --run-dir "$TMP/run" --api-key "$KEY" \

@@ -28,7 +28,7 @@ DATA="$TMP/data"
 RUN="$TMP/run"
 mkdir -p "$DATA" "$RUN"
 API_KEY="bench_$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-free_port() { node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+source "$HERE/lib.sh"
 PORT="$(free_port)"
 URL="http://127.0.0.1:$PORT"
 # Its Prometheus /metrics: the metrics phase creates with it scraped and not.
