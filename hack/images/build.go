@@ -38,6 +38,12 @@ var Binaries = map[string]string{
 	"cube-interp":     "github.com/cube-dev/cube/cmd/cube-interp",
 }
 
+// CBinaries are the static C programs an image can carry: name -> source
+// file from the module root, built with gcc -static like `make build`.
+var CBinaries = map[string]string{
+	"cube-nsexec": "cmd/cube-nsexec/nsexec.c",
+}
+
 // Spec describes one image: the Debian packages of its base, which binary
 // goes where, and its config.
 type Spec struct {
@@ -88,6 +94,7 @@ func Specs(ver string) []Spec {
 				"/usr/local/bin/cube-supervisor": "cube-supervisor",
 				"/usr/local/bin/cube-reaper":     "cube-reaper",
 				"/usr/local/bin/cube-interp":     "cube-interp",
+				"/usr/local/bin/cube-nsexec":     "cube-nsexec",
 			},
 			Entrypoint: cube, Cmd: []string{"cubelet"},
 			Env: env, WorkingDir: "/var/lib/cube", Labels: labels("cubelet"),
@@ -105,6 +112,7 @@ func Specs(ver string) []Spec {
 				"/opt/cube/artifacts/cube-supervisor": "cube-supervisor",
 				"/opt/cube/artifacts/cube-reaper":     "cube-reaper",
 				"/opt/cube/artifacts/cube-interp":     "cube-interp",
+				"/opt/cube/artifacts/cube-nsexec":     "cube-nsexec",
 			},
 			Entrypoint: cube, Cmd: []string{"kube", "install-artifacts", "--hold"},
 			Env: env, WorkingDir: "/", Labels: labels("cube-installer"),
@@ -119,8 +127,8 @@ func Specs(ver string) []Spec {
 	}
 }
 
-// buildBinaries builds every binary of Binaries into dir, static and
-// reproducible (-trimpath, no build VCS stamp).
+// buildBinaries builds every binary of Binaries and CBinaries into dir,
+// static and reproducible (-trimpath, no build VCS stamp).
 func buildBinaries(ctx context.Context, dir, ver string) error {
 	names := make([]string, 0, len(Binaries))
 	for n := range Binaries {
@@ -137,7 +145,28 @@ func buildBinaries(ctx context.Context, dir, ver string) error {
 			return fmt.Errorf("build %s: %w", n, err)
 		}
 	}
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	for n, src := range CBinaries {
+		cmd := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-s", "-Wall", "-Werror",
+			"-o", filepath.Join(dir, n), filepath.Join(root, src))
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("build %s (gcc and libc6-dev: make deps): %w", n, err)
+		}
+	}
 	return nil
+}
+
+// moduleRoot is the directory of this module's go.mod.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
 }
 
 // Image assembles spec: the Debian base layers, then one layer with the

@@ -77,7 +77,7 @@ func TestCubeletImageCanMakeSandboxes(t *testing.T) {
 		"usr/share/debootstrap/scripts/bookworm",
 		"etc/ssl/certs/ca-certificates.crt",
 		"usr/bin/nsenter", // the share-mounts init container enters the host's mount namespace with it
-		"usr/local/bin/envd", "usr/local/bin/cube-shim", "usr/local/bin/cube-supervisor", "usr/local/bin/cube-reaper",
+		"usr/local/bin/envd", "usr/local/bin/cube-shim", "usr/local/bin/cube-supervisor", "usr/local/bin/cube-reaper", "usr/local/bin/cube-nsexec",
 		"usr/local/bin/cube-interp",
 	} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {

@@ -42,6 +42,12 @@ func TestInterpNextToEnvd(t *testing.T) {
 func TestSpecFilesAreBuilt(t *testing.T) {
 	for _, spec := range Specs("v1") {
 		for p, bin := range spec.Files {
+			if src, ok := CBinaries[bin]; ok {
+				if !strings.HasPrefix(src, "cmd/"+bin+"/") {
+					t.Errorf("binary %s is built from %s, want cmd/%s/", bin, src, bin)
+				}
+				continue
+			}
 			pkg, ok := Binaries[bin]
 			if !ok {
 				t.Errorf("%s: %s is %s, which hack/images does not build", spec.Name, p, bin)
@@ -60,7 +66,7 @@ func TestSpecFilesAreBuilt(t *testing.T) {
 // binary is built in the build stage.
 func TestDockerfilesCopyTheSpecFiles(t *testing.T) {
 	copyLine := regexp.MustCompile(`(?m)^COPY --from=build(?: --chmod=\d+)?((?: /out/[a-z-]+)+) (/\S+)$`)
-	buildLine := regexp.MustCompile(`go build -ldflags="\$ldflags" -o /out/([a-z-]+) \./cmd/([a-z-]+)`)
+	buildLine := regexp.MustCompile(`(?:go build -ldflags="\$ldflags"|gcc -static [^\n]*?) -o /out/([a-z-]+) \.?/?cmd/([a-z-]+)`)
 	for _, spec := range Specs("v1") {
 		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "images", spec.Name, "Dockerfile"))
 		if err != nil {

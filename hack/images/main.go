@@ -22,7 +22,7 @@ import (
 
 func main() {
 	out := flag.String("out", "out/images", "directory the OCI layouts are written under (one per image)")
-	bin := flag.String("bin", "", "directory with prebuilt static cube, envd, cube-shim, cube-supervisor, cube-reaper and cube-interp (empty: build them)")
+	bin := flag.String("bin", "", "directory with prebuilt static cube, envd, cube-shim, cube-supervisor, cube-reaper, cube-interp and cube-nsexec (empty: build them)")
 	ver := flag.String("version", version.Version, "image version (label org.opencontainers.image.version)")
 	cache := flag.String("cache-dir", filepath.Join(cacheDir(), "images"), "where the Debian trees and layers are cached")
 	maxAge := flag.Duration("base-max-age", 7*24*time.Hour, "rebuild a cached Debian tree older than this (picks up Debian updates); 0: never")

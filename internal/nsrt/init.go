@@ -61,7 +61,7 @@ func initMain(args []string) (err error) {
 	var started <-chan childResult
 	var child *usernsChild
 	if spec.UserNS != nil {
-		if started, err = startUsernsChildAsync(spec.UserNS); err != nil {
+		if started, err = startUsernsChildAsync(spec.UserNS, nsexecPath(spec)); err != nil {
 			return err
 		}
 		defer func() {

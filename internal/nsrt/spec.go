@@ -89,6 +89,11 @@ type Spec struct {
 	// its child whose pid is in $CUBE_REAP_PID (the workload, Args). envd
 	// does (envd/reaper). Empty: sandbox-init itself stays pid 1 as reaper.
 	Reaper []string `json:"reaper,omitempty"`
+	// UsernsExec is the host path of cube-nsexec, which starts the workload
+	// when UserNS is set (see nsexec.go); "" looks for it next to the
+	// running binary, and without it the workload's first process is a
+	// second sandbox-init.
+	UsernsExec string `json:"usernsExec,omitempty"`
 	// Seccomp tunes the syscall filter; nil is the default policy.
 	Seccomp *Seccomp `json:"seccomp,omitempty"`
 }
@@ -130,14 +135,19 @@ func CompiledSeccomp(log bool, allow []string) (*Seccomp, error) {
 // install installs s's filter: the compiled Filters, else the choice
 // compiled here (nil s: the default policy).
 func (s *Seccomp) install() error {
-	if s == nil || len(s.Filters) == 0 {
-		return seccomp.InstallDefault(s.options())
-	}
-	fs, err := s.decode()
+	fs, err := s.filters()
 	if err != nil {
 		return err
 	}
 	return seccomp.InstallFilters(fs)
+}
+
+// filters are the filters install installs, in order.
+func (s *Seccomp) filters() ([]seccomp.Filter, error) {
+	if s == nil || len(s.Filters) == 0 {
+		return seccomp.Filters(s.options())
+	}
+	return s.decode()
 }
 
 func (s *Seccomp) decode() ([]seccomp.Filter, error) {

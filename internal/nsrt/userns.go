@@ -107,6 +107,7 @@ type usernsChild struct {
 	cmd     *exec.Cmd
 	release *os.File // pid 1's end of the release socket
 	nsFD    int      // B's user namespace
+	native  bool     // B is cube-nsexec (nsexec.go), not a second sandbox-init
 }
 
 // startUsernsChild starts B in a new user namespace with u's mapping, as
@@ -174,13 +175,19 @@ func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
 // namespace, so /proc is first made this namespace's, not the host's (the
 // mount is private to the sandbox and goes with the old root); mounts must
 // already be private.
-func startUsernsChildAsync(u *UserNS) (<-chan childResult, error) {
+//
+// With nsexec (the path of cube-nsexec), B is that binary (nsexec.go).
+func startUsernsChildAsync(u *UserNS, nsexec string) (<-chan childResult, error) {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return nil, fmt.Errorf("mount the sandbox's /proc: %w", err)
 	}
 	c := make(chan childResult, 1)
 	go func() {
-		child, err := startUsernsChild(u)
+		start := startUsernsChild
+		if nsexec != "" {
+			start = func(u *UserNS) (*usernsChild, error) { return startNativeChild(u, nsexec) }
+		}
+		child, err := start(u)
 		c <- childResult{child, err}
 	}()
 	return c, nil
@@ -247,8 +254,12 @@ func (c *usernsChild) abort() {
 	_ = c.cmd.Wait()
 }
 
-// waitStarted blocks until B runs its own code (or has died).
+// waitStarted blocks until B runs its own code (or has died). cube-nsexec
+// did before it was returned (it made its user namespace).
 func (c *usernsChild) waitStarted() error {
+	if c.native {
+		return nil
+	}
 	var b [1]byte
 	if n, err := c.release.Read(b[:]); n != 1 {
 		return fmt.Errorf("the workload's process did not start: %w", err)
@@ -261,7 +272,13 @@ func (c *usernsChild) waitStarted() error {
 func (c *usernsChild) run(req execRequest) error {
 	unix.Close(c.nsFD)
 	c.nsFD = -1
-	b, err := json.Marshal(req)
+	var b []byte
+	var err error
+	if c.native {
+		b, err = encodeNsexecRequest(req, SandboxCapabilities)
+	} else {
+		b, err = json.Marshal(req)
+	}
 	if err != nil {
 		return err
 	}

@@ -3,8 +3,10 @@ package nsrt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -48,123 +50,159 @@ func TestUserNamespace(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(hostDir, "secret"), []byte("host secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, disk := range []int{0, 32} {
-		t.Run("disk="+strconv.Itoa(disk), func(t *testing.T) {
-			if disk > 0 {
-				if _, err := os.Stat("/dev/loop-control"); err != nil {
-					t.Skip("no loop devices")
+	// B, the workload's first process: a second sandbox-init (no
+	// cube-nsexec next to the test binary) or cube-nsexec.
+	for _, b := range []struct{ name, nsexec string }{{"B=sandbox-init", ""}, {"B=cube-nsexec", nsexecBinary(t)}} {
+		for _, disk := range []int{0, 32} {
+			t.Run(b.name+"/disk="+strconv.Itoa(disk), func(t *testing.T) {
+				if disk > 0 {
+					if _, err := os.Stat("/dev/loop-control"); err != nil {
+						t.Skip("no loop devices")
+					}
 				}
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-			defer cancel()
-			spec := e.spec("/bin/sh", "-c", usernsScript)
-			spec.ID = e.id + "-" + strconv.Itoa(disk)
-			spec.StateDir = filepath.Join(e.stateDir, spec.ID)
-			if err := os.Mkdir(spec.StateDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			spec.DiskSizeMB = disk
-			spec.NetNSPath = newNetNS(t)
-			spec.UserNS = UserNSForSlot(3)
-			spec.Files = map[string]FileSpec{"/etc/passwd": {Data: []byte("root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n")}}
-			spec.Binds = []Bind{{Source: hostDir, Target: "/mnt/host", ReadOnly: true}}
-			sb, err := Start(ctx, e.exe, spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 				defer cancel()
-				if err := Cleanup(ctx, spec.StateDir, e.parent, spec.ID); err != nil {
-					t.Errorf("Cleanup: %v", err)
+				spec := e.spec("/bin/sh", "-c", usernsScript)
+				spec.ID = e.id + "-" + strconv.Itoa(disk)
+				spec.StateDir = filepath.Join(e.stateDir, spec.ID)
+				if err := os.Mkdir(spec.StateDir, 0o700); err != nil {
+					t.Fatal(err)
 				}
-			})
-			defer sb.Close()
-			init := sb.InitPID()
-			root := "/proc/" + strconv.Itoa(init) + "/root"
-			read := func(p string) string {
-				b, err := os.ReadFile(root + p)
+				spec.DiskSizeMB = disk
+				spec.NetNSPath = newNetNS(t)
+				spec.UserNS = UserNSForSlot(3)
+				spec.UsernsExec = b.nsexec
+				spec.Files = map[string]FileSpec{"/etc/passwd": {Data: []byte("root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n")}}
+				spec.Binds = []Bind{{Source: hostDir, Target: "/mnt/host", ReadOnly: true}}
+				sb, err := Start(ctx, e.exe, spec)
 				if err != nil {
 					t.Fatal(err)
 				}
-				return strings.TrimSpace(string(b))
-			}
-			host := strconv.Itoa(int(spec.UserNS.HostID))
-			// pid 1 stays host root (the reaper); the workload is its child.
-			if got := statusIDs(t, init, "Uid:"); got != "0" {
-				t.Errorf("pid 1 host uid = %s, want 0", got)
-			}
-			// ...but without any capability: it only reaps.
-			for _, set := range []string{"CapEff:", "CapPrm:", "CapBnd:"} {
-				if got := statusIDs(t, init, set); got != "0000000000000000" {
-					t.Errorf("pid 1 %s %s, want none", set, got)
+				t.Cleanup(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					if err := Cleanup(ctx, spec.StateDir, e.parent, spec.ID); err != nil {
+						t.Errorf("Cleanup: %v", err)
+					}
+				})
+				defer sb.Close()
+				init := sb.InitPID()
+				root := "/proc/" + strconv.Itoa(init) + "/root"
+				read := func(p string) string {
+					b, err := os.ReadFile(root + p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return strings.TrimSpace(string(b))
 				}
-			}
-			assertReaperThreads(t, init)
-			// Children are listed per thread (B is forked off another one).
-			// The workload may still be between readiness and its last exec
-			// (sh -> sleep): look again for a while.
-			work, kids := 0, []byte(nil) // the workload (now sleep); nc was re-parented to pid 1 too
-			for deadline := time.Now().Add(5 * time.Second); work == 0 && time.Now().Before(deadline); {
-				tasks, err := filepath.Glob("/proc/" + strconv.Itoa(init) + "/task/*/children")
-				if err != nil || len(tasks) == 0 {
-					t.Fatal(tasks, err)
+				host := strconv.Itoa(int(spec.UserNS.HostID))
+				// pid 1 stays host root (the reaper); the workload is its child.
+				if got := statusIDs(t, init, "Uid:"); got != "0" {
+					t.Errorf("pid 1 host uid = %s, want 0", got)
 				}
-				kids = nil
-				for _, f := range tasks {
-					b, _ := os.ReadFile(f)
-					kids = append(kids, b...)
+				// ...but without any capability: it only reaps.
+				for _, set := range []string{"CapEff:", "CapPrm:", "CapBnd:"} {
+					if got := statusIDs(t, init, set); got != "0000000000000000" {
+						t.Errorf("pid 1 %s %s, want none", set, got)
+					}
 				}
-				for _, k := range strings.Fields(string(kids)) {
-					comm, _ := os.ReadFile("/proc/" + k + "/comm")
-					if c := strings.TrimSpace(string(comm)); c == "sleep" || c == "sh" {
-						work, _ = strconv.Atoi(k)
+				assertReaperThreads(t, init)
+				// Children are listed per thread (B is forked off another one).
+				// The workload may still be between readiness and its last exec
+				// (sh -> sleep): look again for a while.
+				work, kids := 0, []byte(nil) // the workload (now sleep); nc was re-parented to pid 1 too
+				for deadline := time.Now().Add(5 * time.Second); work == 0 && time.Now().Before(deadline); {
+					tasks, err := filepath.Glob("/proc/" + strconv.Itoa(init) + "/task/*/children")
+					if err != nil || len(tasks) == 0 {
+						t.Fatal(tasks, err)
+					}
+					kids = nil
+					for _, f := range tasks {
+						b, _ := os.ReadFile(f)
+						kids = append(kids, b...)
+					}
+					for _, k := range strings.Fields(string(kids)) {
+						comm, _ := os.ReadFile("/proc/" + k + "/comm")
+						if c := strings.TrimSpace(string(comm)); c == "sleep" || c == "sh" {
+							work, _ = strconv.Atoi(k)
+						}
+					}
+					if work == 0 {
+						time.Sleep(50 * time.Millisecond)
 					}
 				}
 				if work == 0 {
-					time.Sleep(50 * time.Millisecond)
+					var comms []string
+					for _, k := range strings.Fields(string(kids)) {
+						comm, _ := os.ReadFile("/proc/" + k + "/comm")
+						comms = append(comms, k+"="+strings.TrimSpace(string(comm)))
+					}
+					t.Fatalf("no workload among pid 1 children %v", comms)
 				}
-			}
-			if work == 0 {
-				var comms []string
-				for _, k := range strings.Fields(string(kids)) {
-					comm, _ := os.ReadFile("/proc/" + k + "/comm")
-					comms = append(comms, k+"="+strings.TrimSpace(string(comm)))
+				if got := statusIDs(t, work, "Uid:"); got != host {
+					t.Errorf("workload host uid = %s, want %s", got, host)
 				}
-				t.Fatalf("no workload among pid 1 children %v", comms)
-			}
-			if got := statusIDs(t, work, "Uid:"); got != host {
-				t.Errorf("workload host uid = %s, want %s", got, host)
-			}
-			if got := statusIDs(t, work, "Gid:"); got != host {
-				t.Errorf("workload host gid = %s, want %s", got, host)
-			}
-			assertNoGOMAXPROCS(t, work)
-			if cg, err := cgroup.Open(e.parent, spec.ID); err != nil {
-				t.Error(err)
-			} else if procs, err := cg.Procs(); err != nil || !slices.Contains(procs, work) {
-				t.Errorf("sandbox cgroup procs %v, %v; want the workload %d", procs, err, work)
-			}
-			for f, want := range map[string]string{
-				"/tmp/uid": "0", "/tmp/gid": "0", "/tmp/template-owner": "0:0\n0:0", "/tmp/chown": "1000:1000",
-				"/tmp/user-uid": "1000", "/tmp/user-file": "1000", "/tmp/secret-rc": "1",
-				"/tmp/hostname-rc": "1", "/tmp/mount-rc": "1", "/tmp/port80": "1", "/tmp/cgroupns": "0",
-			} {
-				if got := read(f); got != want {
-					t.Errorf("%s = %q, want %q", f, got, want)
+				if got := statusIDs(t, work, "Gid:"); got != host {
+					t.Errorf("workload host gid = %s, want %s", got, host)
 				}
-			}
-			// Files root inside wrote are stored unshifted (uid 0, 1000).
-			var st syscall.Stat_t
-			layer := spec.StateDir
-			if disk > 0 {
-				layer = root // the disk is mounted only inside; look through the overlay instead
-			}
-			if err := syscall.Stat(filepath.Join(layer, "upper", "tmp", "mine"), &st); disk == 0 && (err != nil || st.Uid != 1000) {
-				t.Errorf("upper/tmp/mine on the host: uid %d, %v; want 1000", st.Uid, err)
-			}
-		})
+				assertNoGOMAXPROCS(t, work)
+				assertHardened(t, work)
+				if cg, err := cgroup.Open(e.parent, spec.ID); err != nil {
+					t.Error(err)
+				} else if procs, err := cg.Procs(); err != nil || !slices.Contains(procs, work) {
+					t.Errorf("sandbox cgroup procs %v, %v; want the workload %d", procs, err, work)
+				}
+				for f, want := range map[string]string{
+					"/tmp/uid": "0", "/tmp/gid": "0", "/tmp/template-owner": "0:0\n0:0", "/tmp/chown": "1000:1000",
+					"/tmp/user-uid": "1000", "/tmp/user-file": "1000", "/tmp/secret-rc": "1",
+					"/tmp/hostname-rc": "1", "/tmp/mount-rc": "1", "/tmp/port80": "1", "/tmp/cgroupns": "0",
+				} {
+					if got := read(f); got != want {
+						t.Errorf("%s = %q, want %q", f, got, want)
+					}
+				}
+				// Files root inside wrote are stored unshifted (uid 0, 1000).
+				var st syscall.Stat_t
+				layer := spec.StateDir
+				if disk > 0 {
+					layer = root // the disk is mounted only inside; look through the overlay instead
+				}
+				if err := syscall.Stat(filepath.Join(layer, "upper", "tmp", "mine"), &st); disk == 0 && (err != nil || st.Uid != 1000) {
+					t.Errorf("upper/tmp/mine on the host: uid %d, %v; want 1000", st.Uid, err)
+				}
+			})
+		}
 	}
+}
+
+// assertHardened checks that the workload pid kept SandboxCapabilities
+// only (bounding, permitted, effective; no inheritable or ambient ones),
+// with no_new_privs and a seccomp filter.
+func assertHardened(t *testing.T, pid int) {
+	t.Helper()
+	var keep uint64
+	for _, c := range SandboxCapabilities {
+		keep |= 1 << c
+	}
+	want := map[string]string{
+		"CapBnd:": fmt.Sprintf("%016x", keep), "CapPrm:": fmt.Sprintf("%016x", keep), "CapEff:": fmt.Sprintf("%016x", keep),
+		"CapInh:": "0000000000000000", "CapAmb:": "0000000000000000", "NoNewPrivs:": "1", "Seccomp:": "2",
+	}
+	for key, w := range want {
+		if got := statusIDs(t, pid, key); got != w {
+			t.Errorf("workload %s %s, want %s", key, got, w)
+		}
+	}
+}
+
+// nsexecBinary builds cmd/cube-nsexec as make build does.
+func nsexecBinary(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), NsexecName)
+	if b, err := exec.Command("gcc", "-static", "-O2", "-Wall", "-Werror", "-o", out, "../../cmd/cube-nsexec/nsexec.c").CombinedOutput(); err != nil {
+		t.Fatalf("build cube-nsexec (gcc and libc6-dev: make deps): %v\n%s", err, b)
+	}
+	return out
 }
 
 // statusIDs returns the real id of a /proc/PID/status line (Uid:, Gid:).

@@ -24,8 +24,9 @@ import (
 	"time"
 )
 
-// Build compiles cube, envd, cube-shim, cube-supervisor and cube-reaper from this module into
-// dir (all but cube static, as `make build` does).
+// Build compiles cube, envd, cube-shim, cube-supervisor, cube-reaper and
+// cube-nsexec (C, gcc) from this module into dir (all but cube static, as
+// `make build` does).
 func Build(dir string) error {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
@@ -39,6 +40,11 @@ func Build(dir string) error {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
 		}
+	}
+	cmd := exec.Command("gcc", "-static", "-O2", "-s", "-Wall", "-Werror", "-o", filepath.Join(dir, "cube-nsexec"), "cmd/cube-nsexec/nsexec.c")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build cube-nsexec (gcc and libc6-dev: make deps): %w\n%s", err, out)
 	}
 	return nil
 }
