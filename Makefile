@@ -19,15 +19,15 @@ deps: ## Install what builds and tests need (apt packages, npm SDK); idempotent.
 	@bash hack/deps.sh
 
 .PHONY: build
-build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-supervisor, bin/cube-reaper, bin/cube-interp and bin/cube-nsexec (C: gcc).
+build: ## Build bin/cube and the static bin/envd, bin/cube-shim, bin/cube-supervisor and bin/cube-interp, and the static C programs bin/cube-nsexec and bin/cube-reaper (gcc).
 	@mkdir -p $(BIN)
 	go build -o $(BIN)/cube ./cmd/cube
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/envd ./cmd/envd
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-shim ./cmd/cube-shim
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-supervisor ./cmd/cube-supervisor
-	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-reaper ./cmd/cube-reaper
 	CGO_ENABLED=0 go build -ldflags='-s -w' -o $(BIN)/cube-interp ./cmd/cube-interp
 	gcc -static -O2 -s -Wall -Werror -o $(BIN)/cube-nsexec cmd/cube-nsexec/nsexec.c
+	gcc -static -O2 -s -Wall -Werror -o $(BIN)/cube-reaper cmd/cube-reaper/reaper.c
 
 IMAGES_OUT ?= out/images
 .PHONY: images

@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/cube-dev/cube/internal/nativebin"
 )
 
 // epoch is the timestamp of every file, layer and config, so rebuilding
@@ -34,15 +36,10 @@ var Binaries = map[string]string{
 	"envd":            "github.com/cube-dev/cube/cmd/envd",
 	"cube-shim":       "github.com/cube-dev/cube/cmd/cube-shim",
 	"cube-supervisor": "github.com/cube-dev/cube/cmd/cube-supervisor",
-	"cube-reaper":     "github.com/cube-dev/cube/cmd/cube-reaper",
 	"cube-interp":     "github.com/cube-dev/cube/cmd/cube-interp",
 }
 
-// CBinaries are the static C programs an image can carry: name -> source
-// file from the module root, built with gcc -static like `make build`.
-var CBinaries = map[string]string{
-	"cube-nsexec": "cmd/cube-nsexec/nsexec.c",
-}
+// The static C programs an image can carry are nativebin.Sources.
 
 // Spec describes one image: the Debian packages of its base, which binary
 // goes where, and its config.
@@ -127,7 +124,7 @@ func Specs(ver string) []Spec {
 	}
 }
 
-// buildBinaries builds every binary of Binaries and CBinaries into dir,
+// buildBinaries builds every binary of Binaries and nativebin.Sources into dir,
 // static and reproducible (-trimpath, no build VCS stamp).
 func buildBinaries(ctx context.Context, dir, ver string) error {
 	names := make([]string, 0, len(Binaries))
@@ -145,28 +142,7 @@ func buildBinaries(ctx context.Context, dir, ver string) error {
 			return fmt.Errorf("build %s: %w", n, err)
 		}
 	}
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		return err
-	}
-	for n, src := range CBinaries {
-		cmd := exec.CommandContext(ctx, "gcc", "-static", "-O2", "-s", "-Wall", "-Werror",
-			"-o", filepath.Join(dir, n), filepath.Join(root, src))
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("build %s (gcc and libc6-dev: make deps): %w", n, err)
-		}
-	}
-	return nil
-}
-
-// moduleRoot is the directory of this module's go.mod.
-func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
+	return nativebin.BuildAll(ctx, dir)
 }
 
 // Image assembles spec: the Debian base layers, then one layer with the

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cube-dev/cube/internal/nativebin"
 )
 
 // TestInterpNextToEnvd requires cube-interp wherever an image carries envd,
@@ -42,7 +44,7 @@ func TestInterpNextToEnvd(t *testing.T) {
 func TestSpecFilesAreBuilt(t *testing.T) {
 	for _, spec := range Specs("v1") {
 		for p, bin := range spec.Files {
-			if src, ok := CBinaries[bin]; ok {
+			if src, ok := nativebin.Sources[bin]; ok {
 				if !strings.HasPrefix(src, "cmd/"+bin+"/") {
 					t.Errorf("binary %s is built from %s, want cmd/%s/", bin, src, bin)
 				}

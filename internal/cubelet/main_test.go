@@ -17,6 +17,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/cubevs"
+	"github.com/cube-dev/cube/internal/nativebin"
 	"github.com/cube-dev/cube/internal/nsrt"
 	"github.com/cube-dev/cube/internal/rootfstest"
 	"github.com/cube-dev/cube/internal/template"
@@ -78,14 +79,15 @@ func envdBinary(t testing.TB) string {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
 		envd := filepath.Join(dir, "envd")
-		for out, pkg := range map[string]string{envd: "./cmd/envd", filepath.Join(dir, ReaperName): "./cmd/cube-reaper"} {
-			build := exec.Command("go", "build", "-o", out, pkg)
-			build.Dir = root
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				testBins.err = fmt.Errorf("build %s: %w\n%s", pkg, err, out)
-				return
-			}
+		build := exec.Command("go", "build", "-o", envd, "./cmd/envd")
+		build.Dir = root
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			testBins.err = fmt.Errorf("build ./cmd/envd: %w\n%s", err, out)
+			return
+		}
+		if testBins.err = nativebin.Build(context.Background(), ReaperName, filepath.Join(dir, ReaperName)); testBins.err != nil {
+			return
 		}
 		testBins.envd = envd
 	})

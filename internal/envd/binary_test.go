@@ -20,6 +20,7 @@ import (
 
 	"github.com/cube-dev/cube/api/gen/envd/process/processconnect"
 	"github.com/cube-dev/cube/internal/envd"
+	"github.com/cube-dev/cube/internal/nativebin"
 )
 
 var (
@@ -57,7 +58,7 @@ func goroutinesSettle(base int) bool {
 	return false
 }
 
-// envdBinary builds cmd/envd (and cmd/cube-reaper next to it) statically,
+// envdBinary builds cmd/envd (and the C cube-reaper next to it) statically,
 // once per test run.
 func envdBinary(t *testing.T) string {
 	t.Helper()
@@ -69,14 +70,13 @@ func envdBinary(t *testing.T) string {
 		binPath = filepath.Join(binDir, "envd")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		for _, name := range []string{"envd", "cube-reaper"} {
-			cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(binDir, name), "github.com/cube-dev/cube/cmd/"+name)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				binErr = fmt.Errorf("go build %s: %v: %s", name, err, out)
-				return
-			}
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", binPath, "github.com/cube-dev/cube/cmd/envd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build envd: %v: %s", err, out)
+			return
 		}
+		binErr = nativebin.Build(ctx, "cube-reaper", filepath.Join(binDir, "cube-reaper"))
 	})
 	if binErr != nil {
 		t.Fatal(binErr)

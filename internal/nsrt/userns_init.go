@@ -72,10 +72,11 @@ func runUserNS(spec Spec, child *usernsChild, argv0 string) error {
 }
 
 // reaperEnv is the exec'd reaper's environment: env, the workload's pid
-// and GOMAXPROCS=1. A reaper blocked in wait4 needs no parallelism, and
-// with one P the Go runtime keeps ~3.5 threads instead of ~4.1 for the
-// sandbox's whole life (each a task against pid_max) and ~100 KiB less
-// memory (measured, docs/benchmarks.md).
+// and GOMAXPROCS=1 for a reaper in Go (envd's own pid-1 mode, where the
+// node has no cube-reaper, which is C and ignores it). A reaper blocked in
+// wait4 needs no parallelism, and with one P the Go runtime keeps ~3.5
+// threads instead of ~4.1 for the sandbox's whole life (each a task against
+// pid_max) and ~100 KiB less memory (measured, docs/benchmarks.md).
 // It starts no process, so the setting goes no further.
 func reaperEnv(env []string, pid int) []string {
 	out := make([]string, 0, len(env)+2)

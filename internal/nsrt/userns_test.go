@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/cube-dev/cube/internal/cgroup"
 	"github.com/cube-dev/cube/internal/errdefs"
+	"github.com/cube-dev/cube/internal/nativebin"
 )
 
 // usernsScript records what root inside a user-namespaced sandbox can do.
@@ -199,8 +199,8 @@ func assertHardened(t *testing.T, pid int) {
 func nsexecBinary(t *testing.T) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), NsexecName)
-	if b, err := exec.Command("gcc", "-static", "-O2", "-Wall", "-Werror", "-o", out, "../../cmd/cube-nsexec/nsexec.c").CombinedOutput(); err != nil {
-		t.Fatalf("build cube-nsexec (gcc and libc6-dev: make deps): %v\n%s", err, b)
+	if err := nativebin.Build(context.Background(), NsexecName, out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

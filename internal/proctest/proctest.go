@@ -6,6 +6,7 @@ package proctest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -22,17 +23,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cube-dev/cube/internal/nativebin"
 )
 
-// Build compiles cube, envd, cube-shim, cube-supervisor, cube-reaper and
-// cube-nsexec (C, gcc) from this module into dir (all but cube static, as
-// `make build` does).
+// Build compiles cube, envd, cube-shim, cube-supervisor and the C programs
+// cube-nsexec and cube-reaper from this module into dir (all but cube
+// static, as `make build` does).
 func Build(dir string) error {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
 	for _, b := range []struct{ out, pkg, cgo string }{
 		{"cube", "./cmd/cube", "1"}, {"envd", "./cmd/envd", "0"}, {"cube-shim", "./cmd/cube-shim", "0"},
-		{"cube-supervisor", "./cmd/cube-supervisor", "0"}, {"cube-reaper", "./cmd/cube-reaper", "0"},
+		{"cube-supervisor", "./cmd/cube-supervisor", "0"},
 	} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.out), b.pkg)
 		cmd.Dir = root
@@ -41,12 +44,7 @@ func Build(dir string) error {
 			return fmt.Errorf("build %s: %w\n%s", b.pkg, err, out)
 		}
 	}
-	cmd := exec.Command("gcc", "-static", "-O2", "-s", "-Wall", "-Werror", "-o", filepath.Join(dir, "cube-nsexec"), "cmd/cube-nsexec/nsexec.c")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("build cube-nsexec (gcc and libc6-dev: make deps): %w\n%s", err, out)
-	}
-	return nil
+	return nativebin.BuildAll(context.Background(), dir)
 }
 
 // RandHex returns n random bytes, hex encoded (unique names per test).

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/cubelet"
+	"github.com/cube-dev/cube/internal/nativebin"
 	"github.com/cube-dev/cube/internal/supervisor"
 )
 
@@ -62,7 +63,7 @@ func buildRuntime(t *testing.T) {
 		runtimeBins.shim, runtimeBins.reaper = filepath.Join(d, "cube-shim"), filepath.Join(d, "cube-reaper")
 		runtimeBins.supOld, runtimeBins.supNew = filepath.Join(d, "cube-supervisor-old"), filepath.Join(d, "cube-supervisor-new")
 		for _, b := range []struct{ out, pkg, ver string }{
-			{runtimeBins.shim, "./cmd/cube-shim", oldVersion}, {runtimeBins.reaper, "./cmd/cube-reaper", oldVersion},
+			{runtimeBins.shim, "./cmd/cube-shim", oldVersion},
 			{runtimeBins.supOld, "./cmd/cube-supervisor", oldVersion}, {runtimeBins.supNew, "./cmd/cube-supervisor", newVersion},
 		} {
 			cmd := exec.Command("go", "build", "-ldflags", "-X github.com/cube-dev/cube/internal/version.Version="+b.ver, "-o", b.out, b.pkg)
@@ -73,6 +74,7 @@ func buildRuntime(t *testing.T) {
 				return
 			}
 		}
+		runtimeBins.err = nativebin.Build(context.Background(), "cube-reaper", runtimeBins.reaper)
 	})
 	if runtimeBins.err != nil {
 		t.Fatal(runtimeBins.err)
