@@ -14,8 +14,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # nsenter/mount for teardown.
 # python3-ipykernel .. python3-matplotlib: internal/interp's tests run the
 # code-interpreter server against real Jupyter kernels on this machine.
-# gcc .. python3-pip: test/security's TestWorkloadsUnderAllowlist compiles
-# C, runs git and pip (and python3, numpy, ipykernel, node) in a sandbox
+# gcc, libc6-dev: `make build` compiles the static C programs cube-nsexec and
+# cube-reaper (internal/nativebin). gcc .. python3-pip: test/security's
+# TestWorkloadsUnderAllowlist also compiles C, runs git and pip (and python3, numpy, ipykernel, node) in a sandbox
 # under the seccomp allowlist, from the host's /usr (~45 MB of packages).
 APT_PACKAGES=(iproute2 nftables debootstrap busybox-static psmisc ca-certificates procps e2fsprogs postgresql
 	containerd runc containernetworking-plugins iptables conntrack util-linux
