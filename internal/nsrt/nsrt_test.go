@@ -54,13 +54,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	defer sb.Close()
 	init := sb.InitPID()
 	root := "/proc/" + strconv.Itoa(init) + "/root"
-	read := func(p string) string {
-		b, err := os.ReadFile(root + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(b))
-	}
+	read := rootReader(t, root)
 
 	if got := read("/tmp/hostname"); got != e.id {
 		t.Errorf("hostname inside = %q, want %q", got, e.id)
@@ -484,4 +478,17 @@ func FuzzReadSpec(f *testing.F) {
 			_ = s.withDefaults().Validate()
 		}
 	})
+}
+
+// rootReader returns a reader of trimmed files under root (a sandbox's
+// /proc/PID/root) that fails t on error.
+func rootReader(t *testing.T, root string) func(string) string {
+	return func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(root + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
 }

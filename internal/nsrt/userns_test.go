@@ -88,13 +88,7 @@ func TestUserNamespace(t *testing.T) {
 				defer sb.Close()
 				init := sb.InitPID()
 				root := "/proc/" + strconv.Itoa(init) + "/root"
-				read := func(p string) string {
-					b, err := os.ReadFile(root + p)
-					if err != nil {
-						t.Fatal(err)
-					}
-					return strings.TrimSpace(string(b))
-				}
+				read := rootReader(t, root)
 				host := strconv.Itoa(int(spec.UserNS.HostID))
 				// pid 1 stays host root (the reaper); the workload is its child.
 				if got := statusIDs(t, init, "Uid:"); got != "0" {
