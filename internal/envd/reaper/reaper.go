@@ -41,17 +41,11 @@ func Run(args []string, inheritFD int) (int, error) {
 	return start(exe, append([]string{os.Args[0]}, args...), inheritFD)
 }
 
-// Start starts argv (argv[0] is the program's path) as a child, passing on
-// fd inheritFD (if > 2) at the same number, reaps all children until that
-// child exits, and returns the exit code to use (128+signal when the child
-// was killed by a signal).
-func Start(argv []string, inheritFD int) (int, error) {
-	if len(argv) == 0 {
-		return 2, errors.New("nothing to start")
-	}
-	return start(argv[0], argv, inheritFD)
-}
-
+// start starts path with argv as a child, passing on fd inheritFD (if > 2)
+// at the same number, reaps all children until that child exits, and
+// returns the exit code to use (128+signal when the child was killed by a
+// signal). cmd/cube-reaper (C) does the same for sandboxes whose pid 1 is
+// not envd.
 func start(path string, argv []string, inheritFD int) (int, error) {
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
 	var inherited *os.File
