@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cube-dev/cube/internal/exepath"
 )
@@ -51,20 +48,12 @@ func nsexecPath(spec Spec) string {
 // start, then the handshake of nsexec.c: 'u' (it unshared its user
 // namespace), pid 1 writes the id maps and opens the namespace, 'm'.
 func startNativeChild(u *UserNS, path string) (_ *usernsChild, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	cmd, w, err := usernsChildCmd(path, NsexecName)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	w, r := os.NewFile(uintptr(fds[0]), "release"), os.NewFile(uintptr(fds[1]), "release")
-	defer r.Close()
-	cmd := exec.Command(path)
-	cmd.Args[0] = NsexecName
 	cmd.Env = []string{}
-	cmd.Dir = "/" // moved into the new root by pivot_root, like B's root
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{os.NewFile(ReadyFD, "ready"), r}
-	if err := cmd.Start(); err != nil {
-		w.Close()
+	if err := startUsernsChildCmd(cmd, w); err != nil {
 		return nil, fmt.Errorf("start the workload's process %s: %w", path, err)
 	}
 	c := &usernsChild{u: u, cmd: cmd, release: w, nsFD: -1, native: true}
@@ -83,8 +72,8 @@ func startNativeChild(u *UserNS, path string) (_ *usernsChild, err error) {
 			return nil, fmt.Errorf("write the workload's %s: %w", f, err)
 		}
 	}
-	if c.nsFD, err = unix.Open("/proc/"+pid+"/ns/user", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("open the workload's user namespace: %w", err)
+	if c.nsFD, err = userNSOf(cmd.Process.Pid, -1); err != nil {
+		return nil, err
 	}
 	if _, err := w.Write([]byte{'m'}); err != nil {
 		return nil, fmt.Errorf("tell the workload its ids are mapped: %w", err)

@@ -126,21 +126,14 @@ func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
 	// One socket carries "started" from B (before pivot_root: a dynamically
 	// linked B loads its libraries from the host's root) and the exec
 	// request from pid 1, whose EOF releases B.
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	cmd, w, err := usernsChildCmd("/proc/self/exe", os.Args[0], InitCommand, usernsChildFlag)
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	w, r := os.NewFile(uintptr(fds[0]), "release"), os.NewFile(uintptr(fds[1]), "release")
-	defer r.Close()
 	idmap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.HostID), Size: int(u.Size)}}
 	pidfd := -1
-	cmd := exec.Command("/proc/self/exe", InitCommand, usernsChildFlag)
-	cmd.Args[0] = os.Args[0]
 	// One P, like pid 1 (initEnv); B execs the workload with Spec.Env.
 	cmd.Env = []string{"GOMAXPROCS=1"}
-	cmd.Dir = "/" // moved into the new root by pivot_root, like B's root
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.ExtraFiles = []*os.File{os.NewFile(ReadyFD, "ready"), r}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
 		UidMappings: idmap, GidMappings: idmap,
@@ -151,8 +144,7 @@ func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
 		Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		PidFD:      &pidfd,
 	}
-	if err := cmd.Start(); err != nil {
-		w.Close()
+	if err := startUsernsChildCmd(cmd, w); err != nil {
 		return nil, fmt.Errorf("start the workload in a user namespace (clone CLONE_NEWUSER): %w", err)
 	}
 	c := &usernsChild{u: u, cmd: cmd, release: w, nsFD: -1}
@@ -168,6 +160,33 @@ func startUsernsChild(u *UserNS) (_ *usernsChild, err error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// usernsChildCmd is B's command (path, argv0 and args) with its end of a
+// new release socket on fd 4 and the ready fd on 3; w is pid 1's end.
+func usernsChildCmd(path, argv0 string, args ...string) (cmd *exec.Cmd, w *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	w, r := os.NewFile(uintptr(fds[0]), "release"), os.NewFile(uintptr(fds[1]), "release")
+	cmd = exec.Command(path, args...)
+	cmd.Args[0] = argv0
+	cmd.Dir = "/" // moved into the new root by pivot_root, like B's root
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{os.NewFile(ReadyFD, "ready"), r}
+	return cmd, w, nil
+}
+
+// startUsernsChildCmd starts cmd (from usernsChildCmd) and closes pid 1's
+// copy of B's socket end; on failure w too.
+func startUsernsChildCmd(cmd *exec.Cmd, w *os.File) error {
+	err := cmd.Start()
+	cmd.ExtraFiles[1].Close()
+	if err != nil {
+		w.Close()
+	}
+	return err
 }
 
 // startUsernsChildAsync starts B (startUsernsChild) on another thread.
