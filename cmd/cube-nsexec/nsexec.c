@@ -79,19 +79,22 @@ static void need(struct request *r, size_t n) {
 		die("exec request: truncated");
 }
 
+/* take copies the next n bytes to dst. */
+static void take(struct request *r, void *dst, size_t n) {
+	need(r, n);
+	memcpy(dst, r->p, n);
+	r->p += n;
+}
+
 static uint32_t u32(struct request *r) {
 	uint32_t v;
-	need(r, sizeof v);
-	memcpy(&v, r->p, sizeof v);
-	r->p += sizeof v;
+	take(r, &v, sizeof v);
 	return v;
 }
 
 static uint64_t u64(struct request *r) {
 	uint64_t v;
-	need(r, sizeof v);
-	memcpy(&v, r->p, sizeof v);
-	r->p += sizeof v;
+	take(r, &v, sizeof v);
 	return v;
 }
 
@@ -104,9 +107,8 @@ static char *str(struct request *r) {
 	char *s = malloc((size_t)n + 1);
 	if (!s)
 		die("exec request: out of memory");
-	memcpy(s, r->p, n);
+	take(r, s, n);
 	s[n] = 0;
-	r->p += n;
 	return s;
 }
 
@@ -238,8 +240,7 @@ int main(void) {
 		struct sock_filter *insns = malloc((size_t)n * sizeof *insns);
 		if (!insns)
 			die("exec request: out of memory");
-		memcpy(insns, r.p, (size_t)n * sizeof *insns);
-		r.p += (size_t)n * sizeof *insns;
+		take(&r, insns, (size_t)n * sizeof *insns);
 		fs[i].prog.len = (unsigned short)n;
 		fs[i].prog.filter = insns;
 	}
