@@ -112,8 +112,13 @@ func leftovers(c *Cubelet, live ...string) ([]string, error) {
 			left = append(left, fmt.Sprintf("leftover mapping %+v", m))
 		}
 	}
+	dying := map[string]bool{}
 	for _, ep := range eps {
-		if !wantRT[ep.Owner] {
+		switch {
+		case wantRT[ep.Owner]:
+		case ep.NetNSPath == "" && ep.LinkName != "":
+			dying[ep.Owner] = true
+		default:
 			left = append(left, fmt.Sprintf("leftover endpoint %+v", ep))
 		}
 	}
@@ -122,7 +127,36 @@ func leftovers(c *Cubelet, live ...string) ([]string, error) {
 			left = append(left, "leftover cgroup "+id)
 		}
 	}
-	return left, nil
+	stuck, err := linksThatStay(ctx, c, dying)
+	for _, ep := range stuck {
+		left = append(left, fmt.Sprintf("leftover endpoint (its netns was released, its link stayed) %+v", ep))
+	}
+	return left, err
+}
+
+// linksThatStay waits up to 5 s for the links of owners whose netns was
+// unpinned: the kernel destroys a released netns, and the veth pair in it,
+// after the kill returns (cubevs.Dataplane.Detach). It returns the
+// endpoints of owners still there after that: a netns something keeps alive.
+func linksThatStay(ctx context.Context, c *Cubelet, owners map[string]bool) ([]cubevs.Endpoint, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for len(owners) > 0 {
+		eps, err := c.dp.Endpoints(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var stay []cubevs.Endpoint
+		for _, ep := range eps {
+			if owners[ep.Owner] {
+				stay = append(stay, ep)
+			}
+		}
+		if len(stay) == 0 || time.Now().After(deadline) {
+			return stay, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil, nil
 }
 
 func TestCreateReachKill(t *testing.T) {

@@ -19,13 +19,15 @@ var DestroySteps = []string{"after-mark", "after-kill", "after-detach"}
 
 // KillSandbox stops a sandbox and removes every kernel object it owned.
 //
-// It does so before it answers. Releasing the network, cgroup and state dir
-// in the background was tried (kill p50 45 -> 20 ms serial) and dropped:
-// the releases moved their cost onto the next creates (serial create p50
-// 2.5 -> 4-6 ms, 50 concurrent p95 90 -> 750-1340 ms in the bench, even one
-// release at a time, even waiting for a moment without creates), most
-// likely because deleting a veth waits for an RCU grace period inside the
-// kernel's RTNL lock, which the creates' netlink calls need too.
+// It does so before it answers, with one exception: the sandbox's veth
+// pair is destroyed by the kernel with the sandbox's netns once the kill
+// has unpinned it (cubevs.Dataplane.Release), ~35 ms later in a kernel
+// worker. Deleting the pair here cost 24-30 ms of every kill (RCU grace
+// periods); the CPU is the same either way. Releasing the whole network,
+// cgroup and state dir in the background was tried earlier and dropped:
+// the releases moved their cost onto the next creates, and so does the
+// kernel's netns teardown, to a lesser degree (docs/benchmarks.md,
+// "Kill without deleting the veth pair").
 func (c *Cubelet) KillSandbox(ctx context.Context, id string) error {
 	unlock := c.lock(id)
 	defer unlock()
@@ -131,8 +133,8 @@ func (c *Cubelet) release(ctx context.Context, rec nodestore.Sandbox, st *stepTi
 	return nil
 }
 
-// releaseNetwork removes rec's host-port mappings and its network: veth
-// pair, egress chain and netns pin.
+// releaseNetwork removes rec's host-port mappings and its network: egress
+// chain and netns pin now, the veth pair with the netns (Release).
 func (c *Cubelet) releaseNetwork(ctx context.Context, rec nodestore.Sandbox) []error {
 	rt := rec.Runtime()
 	ports := make([]uint16, 0, len(rec.Ports))
@@ -140,7 +142,7 @@ func (c *Cubelet) releaseNetwork(ctx context.Context, rec nodestore.Sandbox) []e
 		ports = append(ports, hp)
 	}
 	var errs []error
-	if err := c.dp.DetachWithMappings(ctx, rt, ports); err != nil {
+	if err := c.dp.Release(ctx, rt, ports); err != nil {
 		errs = append(errs, fmt.Errorf("detach network: %w", err))
 	}
 	// Every runtime object is named rt. A record the previous version wrote

@@ -52,11 +52,8 @@ func (d *Dataplane) Attach(ctx context.Context, owner string, ip netip.Addr) (_ 
 	defer unlock()
 
 	name := LinkName(owner)
-	if link, other, err := d.routeOwner(ip); err != nil {
+	if err := d.claimRoute(owner, ip); err != nil {
 		return Endpoint{}, err
-	} else if link != "" && link != name {
-		return Endpoint{}, fmt.Errorf("attach %q: ip %s is routed to link %s owned by %q; detach %q first: %w",
-			owner, ip, link, other, other, errdefs.ErrConflict)
 	}
 	pin := d.cfg.sandboxPin(owner)
 	existed, err := isPinned(pin)
@@ -233,6 +230,39 @@ func (d *Dataplane) configureSandboxSide(sb *netlink.Handle, peer netlink.Link, 
 	return nil
 }
 
+// claimRoute makes sure ip/32 is routed to no other owner's link before
+// owner attaches with it. A link whose owner's netns is no longer pinned
+// was detached and is on its way out with that netns (see Detach), or was
+// left by a netns a surviving process keeps alive: it is deleted here, so a
+// create never fails on it. A link of a live (pinned) owner is a conflict.
+func (d *Dataplane) claimRoute(owner string, ip netip.Addr) error {
+	link, other, err := d.routeOwner(ip)
+	if err != nil || link == "" || link == LinkName(owner) {
+		return err
+	}
+	if other == "" || d.cfg.validOwner(other) != nil {
+		return fmt.Errorf("attach %q: ip %s is routed to link %s, which no owner claims: %w",
+			owner, ip, link, errdefs.ErrConflict)
+	}
+	if pinned, err := isPinned(d.cfg.sandboxPin(other)); err != nil {
+		return fmt.Errorf("attach %q: %w", owner, err)
+	} else if pinned {
+		return fmt.Errorf("attach %q: ip %s is routed to link %s owned by %q; detach %q first: %w",
+			owner, ip, link, other, other, errdefs.ErrConflict)
+	}
+	l, err := d.dp.LinkByName(link)
+	if err != nil {
+		if isNotFound(err) {
+			return nil // gone meanwhile
+		}
+		return fmt.Errorf("attach %q: look up %s: %w", owner, link, err)
+	}
+	if err := deleteLink(d.dp, l); err != nil {
+		return fmt.Errorf("attach %q: %w", owner, err)
+	}
+	return nil
+}
+
 // routeOwner returns the dataplane link that ip/32 is routed to (in the
 // main table) and that link's owner (alias), or "", "". It asks the kernel
 // for the route that matches ip (RTM_F_FIB_MATCH: the table entry, not the
@@ -269,25 +299,40 @@ func isHostRoute(r netlink.Route, ip netip.Addr) bool {
 }
 
 // Detach removes owner's mappings, egress chain, veth pair and netns pin,
-// in that order (the pin, the anchor, goes last). Missing pieces are fine;
+// in that order (the pin, the anchor, goes last), all before it returns
+// (sweeps of orphans, undoing a failed create). Missing pieces are fine;
 // failures do not stop later steps and are returned joined.
 //
 // Only the nftables part runs under the dataplane lock. Deleting the veth
-// pair waits for RCU grace periods in the kernel (p50 23 ms together with
-// the unpin, measured with 300 sandboxes), and under the lock every
-// mapping, attach and detach queued behind it; it runs after the lock on
-// a netlink socket of its own. The owner's name and IP stay unused
-// meanwhile: the caller (the cubelet, under the sandbox's lock) forgets
-// the owner only after Detach returns.
+// pair waits for RCU grace periods in the kernel (24-30 ms), and under the
+// lock every mapping, attach and detach queued behind it; it runs after
+// the lock on a netlink socket of its own. The owner's name and IP stay
+// unused meanwhile: the caller (the cubelet, under the sandbox's lock)
+// forgets the owner only after Detach returns.
 func (d *Dataplane) Detach(ctx context.Context, owner string) error {
-	return d.DetachWithMappings(ctx, owner, nil)
+	return d.detachOwner(ctx, owner, nil, false)
 }
 
-// DetachWithMappings is Detach that also deletes the mappings of
-// hostPorts, whoever owns them, in the same nftables transaction as
-// owner's objects: a kill releases its sandbox's recorded ports and its
-// network in one commit instead of one per port plus one.
-func (d *Dataplane) DetachWithMappings(ctx context.Context, owner string, hostPorts []uint16) error {
+// Release is Detach for a killed sandbox: it also deletes the mappings of
+// hostPorts, whoever owns them, in the same nftables transaction as owner's
+// objects (one commit per kill instead of one per port plus one), and it
+// leaves the veth pair to the kernel when owner's netns is pinned.
+// Unpinning the netns lets the kernel destroy it once its last process is
+// gone, and the veth pair with it (its sandbox end lives there), in a
+// worker of its own that batches the namespaces dying together. Deleting
+// the pair here cost 24-30 ms of every kill (p50, one kill at a time);
+// unpinning takes well under a millisecond and the pair is gone ~35 ms
+// later. Until then its /32 route still names owner's link: the allocator
+// hands a freed address out again only after every other free one (ipam,
+// next fit), and Attach deletes the link of an owner whose netns is no
+// longer pinned should it still meet one (a netns kept alive by a process
+// that outlived the kill). A link without a pinned netns is deleted here:
+// nothing else would.
+func (d *Dataplane) Release(ctx context.Context, owner string, hostPorts []uint16) error {
+	return d.detachOwner(ctx, owner, hostPorts, true)
+}
+
+func (d *Dataplane) detachOwner(ctx context.Context, owner string, hostPorts []uint16, linkWithNetNS bool) error {
 	if err := d.cfg.validOwner(owner); err != nil {
 		return err
 	}
@@ -295,21 +340,30 @@ func (d *Dataplane) DetachWithMappings(ctx context.Context, owner string, hostPo
 	if err != nil {
 		return err
 	}
-	return d.detach(owner, hostPorts, unlock)
+	return d.detach(owner, hostPorts, unlock, linkWithNetNS)
 }
 
 // detachLocked is Detach for a caller holding the dataplane lock (a failed
 // Attach undoing itself): everything happens under the lock.
-func (d *Dataplane) detachLocked(owner string) error { return d.detach(owner, nil, nil) }
+func (d *Dataplane) detachLocked(owner string) error { return d.detach(owner, nil, nil, false) }
 
 // detach removes owner's nftables objects, then its veth pair and netns
 // pin. With unlock set, the caller's dataplane lock is released after the
 // nftables part and the veth pair is deleted on a netlink handle of its
-// own (see Detach).
-func (d *Dataplane) detach(owner string, hostPorts []uint16, unlock func()) error {
+// own. With linkWithNetNS, a veth pair whose netns is pinned is left to
+// go with it (see Release).
+func (d *Dataplane) detach(owner string, hostPorts []uint16, unlock func(), linkWithNetNS bool) error {
 	errs := []error{d.removeOwnerNFT(owner, hostPorts)}
 	link, err := d.ownedLink(owner)
 	errs = append(errs, err)
+	pin := d.cfg.sandboxPin(owner)
+	if link != nil && linkWithNetNS {
+		if pinned, err := isPinned(pin); err != nil {
+			errs = append(errs, err)
+		} else if pinned {
+			link = nil
+		}
+	}
 	h := d.dp
 	if unlock != nil {
 		if link != nil {
@@ -325,7 +379,7 @@ func (d *Dataplane) detach(owner string, hostPorts []uint16, unlock func()) erro
 	if link != nil {
 		errs = append(errs, deleteLink(h, link))
 	}
-	errs = append(errs, unpinNetNS(d.cfg.sandboxPin(owner)))
+	errs = append(errs, unpinNetNS(pin))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach %s: %w", owner, err)
 	}

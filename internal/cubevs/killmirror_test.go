@@ -208,11 +208,11 @@ func containsAll(s string, subs ...string) bool {
 	return true
 }
 
-// DetachWithMappings removes, with the owner's objects, the mappings of the
-// host ports it is given whoever owns them (a sandbox's recorded ports: a
+// Release removes, with the owner's objects, the mappings of the host
+// ports it is given whoever owns them (a sandbox's recorded ports: a
 // stale owner's mapping of one of them goes too), skips ports the map does
 // not hold, and leaves every other mapping alone.
-func TestDetachWithMappings(t *testing.T) {
+func TestRelease(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(t)
 	ctx := ctxT(t)
@@ -231,15 +231,15 @@ func TestDetachWithMappings(t *testing.T) {
 	if err := d.SetEgress(ctx, "sbx-a", ip, EgressPolicy{AllowInternet: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.DetachWithMappings(ctx, "sbx-a", []uint16{p, p + 1, p + 3}); err != nil {
-		t.Fatalf("DetachWithMappings: %v", err)
+	if err := d.Release(ctx, "sbx-a", []uint16{p, p + 1, p + 3}); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	got := readNFT(t, cfg)
 	if fmt.Sprint(got.ports) != fmt.Sprint(map[string][]uint16{"sbx-b": {p + 2}}) || len(got.verdicts) != 0 || len(got.chains) != 0 {
 		t.Fatalf("kernel holds %+v, want only sbx-b's mapping", got)
 	}
 	// Again: nothing left of sbx-a, nothing to do.
-	if err := d.DetachWithMappings(ctx, "sbx-a", []uint16{p, p + 1}); err != nil {
-		t.Fatalf("DetachWithMappings of a gone owner: %v", err)
+	if err := d.Release(ctx, "sbx-a", []uint16{p, p + 1}); err != nil {
+		t.Fatalf("Release of a gone owner: %v", err)
 	}
 }

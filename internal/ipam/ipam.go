@@ -44,6 +44,7 @@ func New(cidr netip.Prefix, min, max uint16) *Allocator {
 	if cidr.IsValid() && cidr.Addr().Is4() && cidr.Bits() <= 30 {
 		size := uint32(1) << (32 - cidr.Bits())
 		a.ips = newSpan(int(size-3), fmt.Sprintf("sandbox IPs of %s", a.cidr), "--node-cidr")
+		a.ips.rotate = true
 	} else {
 		a.ips = span{name: fmt.Sprintf("sandbox IPs of %s", cidr), flag: "--node-cidr",
 			invalid: "need an IPv4 prefix of /30 or larger"}
@@ -87,7 +88,12 @@ func be32(b [4]byte) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
 
-// TakeIP holds and returns the lowest free IP. Give it back with ReleaseIP.
+// TakeIP holds and returns the next free IP after the last one it handed
+// out, wrapping at the end of the CIDR (next fit, not lowest free): a
+// killed sandbox's address is handed out again only after every other free
+// one, so the kernel has long finished destroying its old veth pair (which
+// it does after the kill returns, see cubevs.Dataplane.Detach) when the
+// address comes round again. Give it back with ReleaseIP.
 // A full CIDR yields an error wrapping errdefs.ErrResourceExhausted that
 // names the range and the flag that widens it.
 func (a *Allocator) TakeIP() (netip.Addr, error) {
@@ -185,7 +191,11 @@ type span struct {
 	count map[int]uint32
 	used  int
 	// low: every index below it is held (the search starts there).
-	low     int
+	low int
+	// rotate: take hands out the first free index at or after next,
+	// wrapping, instead of the lowest free one.
+	rotate  bool
+	next    int
 	name    string // in errors: "sandbox IPs of 172.16.0.0/18"
 	flag    string // the flag that widens the range
 	invalid string // why the range is unusable ("" when it is usable)
@@ -220,10 +230,23 @@ func (s *span) release(i int) {
 	}
 }
 
-// take holds the lowest free index for which skip is false.
+// take holds the lowest free index for which skip is false (with rotate:
+// the first free one at or after next, wrapping).
 func (s *span) take(skip func(int) bool) (int, error) {
 	if s.invalid != "" {
 		return 0, fmt.Errorf("allocate from %s: %s: %w", s.name, s.invalid, errdefs.ErrInvalidArgument)
+	}
+	if s.rotate {
+		i, ok := s.firstFree(s.next, s.n, skip)
+		if !ok {
+			i, ok = s.firstFree(0, s.next, skip)
+		}
+		if ok {
+			s.next = (i + 1) % s.n
+			s.hold(i)
+			return i, nil
+		}
+		return 0, s.exhausted()
 	}
 	for w := s.low / 64; w < len(s.full); w++ {
 		free := ^s.full[w]
@@ -249,6 +272,32 @@ func (s *span) take(skip func(int) bool) (int, error) {
 			s.low = max(s.low, w*64+64)
 		}
 	}
-	return 0, fmt.Errorf("allocate from %s: all %d taken (widen %s, or remove sandboxes): %w",
+	return 0, s.exhausted()
+}
+
+// firstFree returns the first index in [from, to) that is free and not
+// skipped, searching a word of the bitmap at a time.
+func (s *span) firstFree(from, to int, skip func(int) bool) (int, bool) {
+	for w := from / 64; w*64 < to; w++ {
+		free := ^s.full[w]
+		if w == from/64 {
+			free &^= 1<<(from%64) - 1
+		}
+		for free != 0 {
+			i := w*64 + bits.TrailingZeros64(free)
+			if i >= to {
+				return 0, false
+			}
+			free &^= 1 << (i % 64)
+			if skip == nil || !skip(i) {
+				return i, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (s *span) exhausted() error {
+	return fmt.Errorf("allocate from %s: all %d taken (widen %s, or remove sandboxes): %w",
 		s.name, s.n, s.flag, errdefs.ErrResourceExhausted)
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/cube-dev/cube/internal/errdefs"
 )
 
-func TestTakeIPLowestFreeSkipsNetworkGatewayBroadcast(t *testing.T) {
+func TestTakeIPSkipsNetworkGatewayBroadcast(t *testing.T) {
 	a := New(netip.MustParsePrefix("10.9.0.0/29"), 20000, 20001) // usable: .2 .. .6
 	var got []string
 	for range 5 {
@@ -31,10 +31,58 @@ func TestTakeIPLowestFreeSkipsNetworkGatewayBroadcast(t *testing.T) {
 			t.Errorf("exhaustion error %q does not name %q", err, s)
 		}
 	}
-	// A released address is the lowest free again and is handed out next.
+	// In a full CIDR a released address is the only free one.
 	a.ReleaseIP(netip.MustParseAddr("10.9.0.4"))
 	if ip, err := a.TakeIP(); err != nil || ip.String() != "10.9.0.4" {
 		t.Fatalf("after release: %v %v, want 10.9.0.4", ip, err)
+	}
+}
+
+// A released IP comes round again only after every other free one: the
+// kernel destroys a killed sandbox's veth pair (and with it the route to its
+// address) after the kill returns, so handing the address straight out
+// again would meet that route.
+func TestTakeIPNextFit(t *testing.T) {
+	a := New(netip.MustParsePrefix("10.9.0.0/29"), 20000, 20001) // usable: .2 .. .6
+	take := func() string {
+		t.Helper()
+		ip, err := a.TakeIP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ip.String()
+	}
+	take() // .2
+	take() // .3
+	a.ReleaseIP(netip.MustParseAddr("10.9.0.2"))
+	var got []string
+	for range 3 {
+		got = append(got, take())
+	}
+	// .4 .5 .6, then wrap to the freed .2 (.3 is still held).
+	if want := "10.9.0.4 10.9.0.5 10.9.0.6"; strings.Join(got, " ") != want {
+		t.Fatalf("got %v, want %s", got, want)
+	}
+	a.ReleaseIP(netip.MustParseAddr("10.9.0.5"))
+	if ip := take(); ip != "10.9.0.2" {
+		t.Fatalf("after the end: %s, want the freed 10.9.0.2 (wrapped)", ip)
+	}
+	if ip := take(); ip != "10.9.0.5" {
+		t.Fatalf("next: %s, want 10.9.0.5", ip)
+	}
+	if _, err := a.TakeIP(); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("full: %v", err)
+	}
+	// Over a range wider than a bitmap word, the search crosses words.
+	b := New(netip.MustParsePrefix("10.9.0.0/24"), 20000, 20001) // 253 usable
+	for i := range 200 {
+		if _, err := b.TakeIP(); err != nil {
+			t.Fatalf("take %d: %v", i, err)
+		}
+	}
+	b.ReleaseIP(netip.MustParseAddr("10.9.0.10"))
+	if ip, _ := b.TakeIP(); ip.String() != "10.9.0.202" {
+		t.Fatalf("after 200 taken and .10 released: %s, want 10.9.0.202", ip)
 	}
 }
 
@@ -112,7 +160,7 @@ func TestTakePortSkipAndExhaustion(t *testing.T) {
 
 func TestRebuildFromHolds(t *testing.T) {
 	// What a restart does: every record's address is held, then creates
-	// take the lowest free ones in between.
+	// take the free ones in between, from the start of the range.
 	a := New(netip.MustParsePrefix("10.9.0.0/16"), 20000, 29999)
 	for i := 2; i < 2002; i += 2 {
 		a.Hold(netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)}), uint16(20000+i))
