@@ -45,6 +45,7 @@ type DensityConfig struct {
 func RunDensity(ctx context.Context, c *Client, node Node, cfg DensityConfig) DensityResult {
 	r := DensityResult{Cap: cfg.Cap}
 	if cfg.ProbeN > 0 {
+		waitQuiet(ctx, 30*time.Second)
 		z := RunSerial(ctx, c, cfg.ProbeN)
 		r.AtZero = &z
 	}
@@ -64,6 +65,7 @@ func RunDensity(ctx context.Context, c *Client, node Node, cfg DensityConfig) De
 	settle(ctx, 2*time.Second)
 	r.Memory = node.measureMemory(ids, before)
 	if cfg.ProbeN > 0 && ctx.Err() == nil {
+		waitQuiet(ctx, 30*time.Second)
 		f := RunSerial(ctx, c, cfg.ProbeN)
 		r.AtFull = &f
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -427,8 +428,8 @@ func TestPrestartedDeadSlot(t *testing.T) {
 	assertClean(t, c, "survives")
 }
 
-// A create whose egress policy is not the slot's default re-applies it on
-// the slot-named chain: the sandbox must not keep the slot's open policy.
+// A create whose egress policy is not the slot's default re-applies it for
+// the slot's address: the sandbox must not keep the slot's open policy.
 func TestPrestartedTakeAppliesEgress(t *testing.T) {
 	n := newTestNode(t)
 	n.cfg.PoolSize = 1
@@ -436,16 +437,18 @@ func TestPrestartedTakeAppliesEgress(t *testing.T) {
 	ctx := context.Background()
 	waitPool(t, c, 1)
 	slot := readySlots(c)[0]
-	chain := func() string {
+	internet := func() bool {
 		t.Helper()
 		out, err := exec.Command("nsenter", "--net="+filepath.Join(n.cfg.Network.RunDir, "netns", n.cfg.Network.DPName),
-			"nft", "list", "chain", "ip", n.cfg.Network.TablePrefix, "sb-"+slot.rec.ID).CombinedOutput()
+			"nft", "list", "set", "ip", n.cfg.Network.TablePrefix, "internet").CombinedOutput()
 		if err != nil {
-			t.Fatalf("nft list chain: %v\n%s", err, out)
+			t.Fatalf("nft list set: %v\n%s", err, out)
 		}
-		return string(out)
+		return regexp.MustCompile(`[\s{,]` + regexp.QuoteMeta(slot.rec.IP.String()) + `[\s},]`).Match(out)
 	}
-	open := chain()
+	if !internet() {
+		t.Fatalf("slot %s (%s) is not in the internet set: its default policy allows the internet", slot.rec.ID, slot.rec.IP)
+	}
 	req := createReq("closed")
 	req.AllowInternet = false
 	sb, err := c.CreateSandbox(ctx, req)
@@ -456,9 +459,8 @@ func TestPrestartedTakeAppliesEgress(t *testing.T) {
 	if err != nil || rec.Runtime() != slot.rec.ID {
 		t.Fatalf("record %+v, %v: not made from slot %s", rec, err, slot.rec.ID)
 	}
-	closed := chain()
-	if closed == open {
-		t.Fatalf("egress chain unchanged by allow_internet=false:\n%s", closed)
+	if internet() {
+		t.Fatalf("sandbox made with allow_internet=false from slot %s keeps the slot's internet access", slot.rec.ID)
 	}
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)

@@ -3,12 +3,10 @@ package cubevs
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/nodeproto"
@@ -37,12 +35,13 @@ var (
 	linkLocalRange = netip.MustParsePrefix("169.254.0.0/16")
 )
 
-// SetEgress installs or replaces owner's egress policy atomically: chain
-// sb-<owner> is flushed and refilled, and the sandboxes verdict map sends
-// traffic entering from LinkName(owner) to it. The host address set is
-// refreshed at the same time. The policy takes effect for new connections
-// at once; ip is the sandbox address (anything else from its link is
-// dropped, so a sandbox cannot borrow another's address or policy).
+// SetEgress installs or replaces owner's egress policy atomically: its
+// elements in the egress sets and its out chain are brought to what p asks
+// (see egressset.go), and a chain sb-<owner> an earlier version made for it
+// goes in the same transaction. The host address set is refreshed at the same time. The
+// policy takes effect for new connections at once; ip is the sandbox
+// address (anything else from its link is dropped, so a sandbox cannot
+// borrow another's address or policy).
 func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, p EgressPolicy) (err error) {
 	if err := d.cfg.validOwner(owner); err != nil {
 		return err
@@ -69,59 +68,74 @@ func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, 
 		if err := d.fillAddrSets(c, hostAddrs, resolvers()); err != nil {
 			return err
 		}
-		ch := c.AddChain(&nftables.Chain{Name: chainName(owner), Table: d.table()})
-		c.FlushChain(ch)
-		for _, r := range d.egressRules(ip, p) {
-			addRule(c, ch, r)
-		}
-		key := ifNameKey(LinkName(owner))
-		el := nftables.SetElement{
-			Key:         key,
-			VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name},
-			Comment:     owner,
-		}
-		if err := c.SetAddElements(d.sandboxesSet(), []nftables.SetElement{el}); err != nil {
+		want := egressElems(owner, ip, p)
+		if err := d.queueEgressChanges(c, owner, mi.egress[owner], want); err != nil {
 			return fmt.Errorf("egress of %s: %w", owner, err)
+		}
+		stale := mi.othersAt(owner, ip)
+		for other, elems := range stale {
+			if err := d.queueEgressChanges(c, other, elems, nil); err != nil {
+				return fmt.Errorf("egress of %s: stale policy of %s: %w", owner, other, err)
+			}
+		}
+		outs, err := d.queueOutChain(c, mi, owner, p)
+		if err != nil {
+			return fmt.Errorf("egress of %s: %w", owner, err)
+		}
+		legacy, err := d.queueLegacyRemoval(c, mi, owner)
+		if err != nil {
+			return err
 		}
 		if err := flush(c, "egress of %s", owner); err != nil {
 			return err
 		}
-		mi.chains[owner] = true
-		mi.putVerdict(string(key), owner)
+		outs()
+		legacy()
+		mi.egress[owner] = want
+		for other, elems := range stale {
+			mi.egress[other] = slices.DeleteFunc(mi.egress[other], func(e egressElem) bool {
+				return slices.ContainsFunc(elems, e.equal)
+			})
+			if len(mi.egress[other]) == 0 {
+				delete(mi.egress, other)
+			}
+		}
 		return nil
 	})
 }
 
-// egressRules is the body of chain sb-<owner>, first match wins.
-func (d *Dataplane) egressRules(ip netip.Addr, p EgressPolicy) [][]expr.Any {
-	hostSet, dnsSet := d.addrSet(setHostAddrs), d.addrSet(setDNS)
-	rules := [][]expr.Any{rule(notSaddr(hostPrefix(ip)), drop())}
-	if p.AllowInternet {
-		for _, proto := range l4protos {
-			rules = append(rules, rule(daddrInSet(dnsSet), l4proto(proto), dport(53), accept()))
+// queueLegacyRemoval queues deleting owner's verdict map entries and chain
+// sb-<owner> (per-sandbox policy as earlier versions installed it) and
+// returns what to forget in the mirror once the batch is committed.
+func (d *Dataplane) queueLegacyRemoval(c *nftables.Conn, mi *nftMirror, owner string) (committed func(), err error) {
+	keys := mi.verdictKeysOf(owner)
+	if len(keys) > 0 {
+		gone := make([]nftables.SetElement, 0, len(keys))
+		for _, k := range keys {
+			gone = append(gone, nftables.SetElement{Key: []byte(k)})
+		}
+		if err := c.SetDeleteElements(d.sandboxesSet(), gone); err != nil {
+			return nil, fmt.Errorf("delete from %s: %w", setSandboxes, err)
 		}
 	}
-	for _, never := range []netip.Prefix{d.cfg.NodeCIDR, d.cfg.Transit, linkLocalRange} {
-		rules = append(rules, rule(daddr(never), reject()))
+	chain := mi.chains[owner]
+	if chain {
+		ch := &nftables.Chain{Name: chainName(owner), Table: d.table()}
+		c.FlushChain(ch)
+		c.DelChain(ch)
 	}
-	rules = append(rules, rule(daddrInSet(hostSet), reject()))
-	for _, pr := range p.AllowOut {
-		rules = append(rules, rule(daddr(pr), accept()))
-	}
-	for _, pr := range p.DenyOut {
-		rules = append(rules, rule(daddr(pr), reject()))
-	}
-	if p.AllowInternet {
-		for _, pr := range privateRanges {
-			rules = append(rules, rule(daddr(pr), reject()))
+	return func() {
+		for _, k := range keys {
+			mi.forgetVerdict(k)
 		}
-		rules = append(rules, rule(accept()))
-	}
-	return append(rules, rule(reject()))
+		delete(mi.chains, owner)
+	}, nil
 }
 
 // removeOwnerNFT deletes, in one transaction, owner's port mappings, its
-// verdict map entry and its egress chain. Absent pieces are fine. What to
+// egress elements and out chain (and an earlier version's verdict map entry
+// and chain).
+// Absent pieces are fine. What to
 // delete comes from the mirror (by owner: a handful of map lookups), so a
 // kill reads nothing from the kernel whatever the number of sandboxes.
 //
@@ -139,24 +153,20 @@ func (d *Dataplane) removeOwnerNFT(owner string, hostPorts []uint16) error {
 		if err := d.queueUnmap(c, ports); err != nil {
 			return err
 		}
-		keys := mi.verdictKeysOf(owner)
-		if len(keys) > 0 {
-			gone := make([]nftables.SetElement, 0, len(keys))
-			for _, k := range keys {
-				gone = append(gone, nftables.SetElement{Key: []byte(k)})
-			}
-			if err := c.SetDeleteElements(d.sandboxesSet(), gone); err != nil {
-				return fmt.Errorf("delete from %s: %w", setSandboxes, err)
-			}
-		}
-		chain := mi.chains[owner]
-		if chain {
-			ch := &nftables.Chain{Name: chainName(owner), Table: d.table()}
-			c.FlushChain(ch)
-			c.DelChain(ch)
-		}
-		if len(ports) == 0 && len(keys) == 0 && !chain {
+		keys, chain, elems := mi.verdictKeysOf(owner), mi.chains[owner], mi.egress[owner]
+		if len(ports) == 0 && len(keys) == 0 && !chain && len(elems) == 0 && !mi.outs[owner] {
 			return nil
+		}
+		if err := d.queueEgressChanges(c, owner, elems, nil); err != nil {
+			return err
+		}
+		outs, err := d.queueOutChainRemoval(c, mi, owner)
+		if err != nil {
+			return err
+		}
+		legacy, err := d.queueLegacyRemoval(c, mi, owner)
+		if err != nil {
+			return err
 		}
 		if err := flush(c, "remove nftables objects of %s", owner); err != nil {
 			return err
@@ -164,16 +174,17 @@ func (d *Dataplane) removeOwnerNFT(owner string, hostPorts []uint16) error {
 		for _, hp := range ports {
 			mi.forgetPort(hp)
 		}
-		for _, k := range keys {
-			mi.forgetVerdict(k)
-		}
-		delete(mi.chains, owner)
+		outs()
+		legacy()
+		delete(mi.egress, owner)
 		return nil
 	})
 }
 
-// EgressOwners lists the owners whose egress chain is installed, read from
-// the kernel in one dump (reconcile re-applies policy only where missing).
+// EgressOwners lists the owners whose egress policy is installed in the
+// egress sets, read from the kernel (reconcile re-applies policy only where
+// missing; a policy an earlier version installed as a chain of its own is
+// missing here, so reconcile moves it into the sets).
 func (d *Dataplane) EgressOwners(ctx context.Context) (_ map[string]bool, err error) {
 	unlock, err := d.lock(ctx)
 	if err != nil {
@@ -184,13 +195,15 @@ func (d *Dataplane) EgressOwners(ctx context.Context) (_ map[string]bool, err er
 	out := map[string]bool{}
 	err = d.tryOnce(func(c *nftables.Conn, mi *nftMirror) error {
 		if !fresh {
-			chains, err := c.ListChainsOfTableFamily(d.table().Family)
-			if err != nil {
-				return fmt.Errorf("list egress chains: %w", err)
+			if err := d.readEgress(c, mi); err != nil {
+				return err
 			}
-			mi.setChains(d.table().Name, chains)
 		}
-		maps.Copy(out, mi.chains)
+		for owner := range mi.egress {
+			if mi.hasPolicy(owner) {
+				out[owner] = true
+			}
+		}
 		return nil
 	})
 	if err != nil {

@@ -10,16 +10,24 @@ import (
 
 // BenchmarkSetEgress times what a create asks of nftables (its egress
 // policy and its envd mapping) with 10 and 2000 sandboxes resident, each
-// holding a policy and a mapping as a sandbox does. Needs root.
+// holding a policy and a mapping as a sandbox does: the default policy
+// (internet), or one with a DenyOut prefix (a range in the denyout set).
+// kill-ns/op is what the kill's Release of the same took. Needs root.
 //
 //	go test -run '^$' -bench SetEgress -benchtime 200x ./internal/cubevs
 func BenchmarkSetEgress(b *testing.B) {
 	for _, n := range []int{10, 2000} {
-		b.Run(fmt.Sprintf("resident=%d", n), func(b *testing.B) { benchSetEgress(b, n) })
+		for _, prefixes := range []bool{false, true} {
+			name := fmt.Sprintf("resident=%d/policy=internet", n)
+			if prefixes {
+				name += "+denyout"
+			}
+			b.Run(name, func(b *testing.B) { benchSetEgress(b, n, prefixes) })
+		}
 	}
 }
 
-func benchSetEgress(b *testing.B, resident int) {
+func benchSetEgress(b *testing.B, resident int, prefixes bool) {
 	requireRoot(b)
 	cfg := testConfig(b)
 	r := randU32(b)
@@ -32,8 +40,11 @@ func benchSetEgress(b *testing.B, resident int) {
 	port := cfg.PortMin
 	add := func(owner string) {
 		ip = ip.Next()
-		if err := d.SetEgress(ctx, owner, ip, EgressPolicy{AllowInternet: true,
-			DenyOut: []netip.Prefix{netip.MustParsePrefix("8.8.8.0/24")}}); err != nil {
+		p := EgressPolicy{AllowInternet: true}
+		if prefixes {
+			p.DenyOut = []netip.Prefix{netip.MustParsePrefix("8.8.8.0/24")}
+		}
+		if err := d.SetEgress(ctx, owner, ip, p); err != nil {
 			b.Fatal(err)
 		}
 		if err := d.AddMapping(ctx, Mapping{Owner: owner, HostPort: port, SandboxIP: ip, GuestPort: 49983}); err != nil {
@@ -45,15 +56,19 @@ func benchSetEgress(b *testing.B, resident int) {
 		add(fmt.Sprintf("sbx-res-%d", i))
 	}
 	ipM, portM := ip, port
+	var kill time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ip, port = ipM, portM
 		owner := fmt.Sprintf("sbx-new-%d", i)
 		add(owner)
 		b.StopTimer()
+		t := time.Now()
 		if err := d.Release(ctx, owner, []uint16{portM}); err != nil {
 			b.Fatal(err)
 		}
+		kill += time.Since(t)
 		b.StartTimer()
 	}
+	b.ReportMetric(float64(kill.Nanoseconds())/float64(b.N), "kill-ns/op")
 }

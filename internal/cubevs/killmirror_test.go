@@ -8,8 +8,9 @@ import (
 )
 
 // nftOwners is what the kernel holds per owner in the dataplane table,
-// read through a handle of its own: host ports, verdict map comments and
-// egress chains.
+// read through a handle of its own: host ports, elements of the sources
+// set (the link . address of each sandbox's policy) and the owners whose
+// egress policy is installed.
 type nftOwners struct {
 	ports    map[string][]uint16
 	verdicts map[string]int
@@ -40,7 +41,7 @@ func readNFT(t *testing.T, cfg Config) nftOwners {
 	if err != nil {
 		t.Fatal(err)
 	}
-	elems, err := c.GetSetElements(d.sandboxesSet())
+	elems, err := c.GetSetElements(d.egressSet(setSources))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +51,8 @@ func readNFT(t *testing.T, cfg Config) nftOwners {
 	return out
 }
 
-// A kill (Detach) removes exactly its owner's mappings, verdict entry and
-// egress chain, from what the dataplane already knows (no listing); after
+// A kill (Detach) removes exactly its owner's mappings and egress
+// elements, from what the dataplane already knows (no listing); after
 // a restart (a new handle on the same kernel state) the index is rebuilt
 // from the kernel once; and when another process removed some of the
 // owner's objects behind the agent's back (cube node tools open the
@@ -185,11 +186,11 @@ func TestCreateAfterObjectsRemovedBehindTheIndex(t *testing.T) {
 		t.Fatalf("AddMapping after its old element went: %v", err)
 	}
 	if err := d.SetEgress(ctx, m.Owner, ip, EgressPolicy{}); err != nil {
-		t.Fatalf("SetEgress after its chain went: %v", err)
+		t.Fatalf("SetEgress after its elements went: %v", err)
 	}
 	got := readNFT(t, cfg)
 	if !slices.Equal(got.ports[m.Owner], []uint16{m.HostPort}) || got.verdicts[m.Owner] != 1 || !got.chains[m.Owner] {
-		t.Fatalf("kernel holds %+v, want sbx-behind's mapping, verdict and chain", got)
+		t.Fatalf("kernel holds %+v, want sbx-behind's mapping and egress policy", got)
 	}
 	if err := d.Detach(ctx, m.Owner); err != nil {
 		t.Fatal(err)

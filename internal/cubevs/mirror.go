@@ -9,9 +9,10 @@ import (
 )
 
 // nftMirror is this process's copy of the per-sandbox objects in the
-// dataplane table: the port map, the sandboxes verdict map and the sb-*
-// egress chains, indexed by owner. It is read from the kernel once (three
-// dumps, at the first operation after Open or after a failure) and kept in
+// dataplane table: the port map, the egress sets, and the sandboxes verdict
+// map and sb-* chains that earlier versions made per sandbox, indexed by
+// owner. It is read from the kernel once (a few dumps, at the first
+// operation after Open or after a failure) and kept in
 // step by every change this process commits, so neither a create's port
 // check nor a kill reads the kernel: listing the maps and chains under the
 // dataplane lock cost every kill time in proportion to the sandboxes on the
@@ -32,6 +33,10 @@ type nftMirror struct {
 	verdictsOf map[string]map[string]bool
 	// chains is the owners whose chain sb-<owner> exists.
 	chains map[string]bool
+	// egress is each owner's elements in the egress sets.
+	egress map[string][]egressElem
+	// outs is the owners with an out-<owner> chain and outrules entry.
+	outs map[string]bool
 }
 
 // mirror returns the dataplane's mirror, reading it from the kernel when
@@ -56,6 +61,9 @@ func (d *Dataplane) mirror(c *nftables.Conn) (*nftMirror, error) {
 		return nil, fmt.Errorf("list chains: %w", err)
 	}
 	m.setChains(d.table().Name, chains)
+	if err := d.readEgress(c, m); err != nil {
+		return nil, err
+	}
 	d.nftm = m
 	return m, nil
 }

@@ -94,6 +94,25 @@ func daddrInSet(set *nftables.Set) []expr.Any {
 	}
 }
 
+// saddrInSet matches the IPv4 source against a named set.
+func saddrInSet(set *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+	}
+}
+
+// linkSourceNotIn matches packets whose input interface . IPv4 source is
+// not in a named set (ifname . ipv4_addr): the interface name fills the
+// first four 32-bit registers, the address the fifth.
+func linkSourceNotIn(set *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Payload{DestRegister: 12, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, // NFT_REG32_04
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
+	}
+}
+
 // ctState matches any of the given conntrack state bits.
 func ctState(bits uint32) []expr.Any {
 	return []expr.Any{

@@ -22,20 +22,24 @@ import (
 //	postrouting(nat, srcnat): oifname HostVeth ip saddr 127.0.0.0/8 masquerade   (127.0.0.1:port, with route_localnet=1 on HostVeth)
 //	                          ip saddr Transit oifname != HostVeth masquerade     (sandbox egress leaving the host)
 //
-// Dataplane netns, table ip <TablePrefix> (stateful: maps and per-sandbox
-// chains survive Open; base chains are flushed and refilled):
+// Dataplane netns, table ip <TablePrefix> (stateful: maps and sets survive
+// Open; base chains and the egress chain are flushed and refilled):
 //
 //	map portmap   inet_service : ipv4_addr . inet_service   (host port -> sandbox ip . port, comment = owner)
-//	map sandboxes ifname : verdict                          (cv* link -> jump sb-<owner>, comment = owner)
+//	set sources, set internet, map outrules                 (every sandbox's egress policy, see egressset.go)
+//	map sandboxes ifname : verdict                          (earlier versions: cv* link -> jump sb-<owner>)
 //	set hostaddrs ipv4_addr                                 (the host's own addresses, refreshed by Open and SetEgress)
 //	set dns       ipv4_addr                                 (resolvers handed to sandboxes)
 //	prerouting (nat, dstnat): iifname uplink ip daddr transitPeer {tcp,udp} dport map @portmap -> dnat
 //	postrouting(nat, srcnat): oifname uplink ip saddr NodeCIDR masquerade
 //	forward (filter, policy drop): ct state established,related accept; ct state invalid drop;
-//	                               iifname uplink ct status dnat accept; iifname vmap @sandboxes
+//	                               iifname uplink ct status dnat accept; iifname vmap @sandboxes;
+//	                               iifname "cv*" goto egress
 //	input   (filter): iifname "cv*" ct state established,related accept; iifname "cv*" reject
 //	chain deny: meta l4proto tcp reject with tcp reset; reject with icmp admin-prohibited
-//	chain sb-<owner>: see egress.go
+//	chain egress: see egressRules
+//	chain out-<owner>: a sandbox's AllowOut and DenyOut prefixes (only when it has some)
+//	chain sb-<owner>: an earlier version's per-sandbox policy, until SetEgress replaces it
 
 const (
 	setPortmap   = "portmap"
@@ -116,7 +120,12 @@ func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) (err error) {
 	defer d.settleNFT(&err)
 	t := c.AddTable(d.table())
 	portmap, sandboxes := d.portmapSet(), d.sandboxesSet()
-	for _, s := range []*nftables.Set{portmap, sandboxes} {
+	sets := []*nftables.Set{portmap, sandboxes}
+	for _, name := range egressSetNames {
+		sets = append(sets, d.egressSet(name))
+	}
+	sets = append(sets, d.outRulesMap())
+	for _, s := range sets {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("dataplane set %s: %w", s.Name, err)
 		}
@@ -130,7 +139,8 @@ func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) (err error) {
 	fwd := baseChain(c, t, "forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainPolicyDrop)
 	in := baseChain(c, t, "input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainPolicyAccept)
 	deny := c.AddChain(&nftables.Chain{Name: chainDeny, Table: t})
-	for _, ch := range []*nftables.Chain{pre, post, fwd, in, deny} {
+	egress := c.AddChain(&nftables.Chain{Name: chainEgress, Table: t})
+	for _, ch := range []*nftables.Chain{pre, post, fwd, in, deny, egress} {
 		c.FlushChain(ch)
 	}
 
@@ -145,8 +155,15 @@ func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) (err error) {
 	addRule(c, fwd, rule(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept()))
 	addRule(c, fwd, rule(ctState(expr.CtStateBitINVALID), drop()))
 	addRule(c, fwd, rule(iif(uplinkName), ctStatusDNAT(), accept()))
+	// Sandboxes whose policy an earlier version installed as a chain of
+	// their own keep it until the start-up reconcile moves it into the
+	// egress sets; every other sandbox link goes to the shared chain.
 	addRule(c, fwd, rule(&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: sandboxes.Name, SetID: sandboxes.ID}))
+	addRule(c, fwd, rule(iifPrefix("cv"), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainEgress}))
+	for _, r := range d.egressRules() {
+		addRule(c, egress, r)
+	}
 
 	addRule(c, in, rule(iifPrefix("cv"), ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), accept()))
 	addRule(c, in, rule(iifPrefix("cv"), reject()))
