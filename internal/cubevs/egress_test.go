@@ -102,6 +102,29 @@ func mustBeRejected(t *testing.T, nsPath, addr string) {
 	}
 }
 
+// dialFromSpoofed gives the sandbox at nsPath the address src too (one it
+// was not given) and dials dst from it.
+func dialFromSpoofed(t *testing.T, nsPath string, src netip.Addr, dst string) error {
+	t.Helper()
+	if err := inNS(t, nsPath, func() error {
+		l, err := netlink.LinkByName(sandboxIfName)
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l, addr(src, 32))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return inNS(t, nsPath, func() error {
+		dl := net.Dialer{Timeout: 700 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
+		c, err := dl.Dial("tcp4", dst)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+}
+
 func TestEgressPolicy(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(t)
@@ -167,25 +190,7 @@ func TestEgressPolicy(t *testing.T) {
 
 	// A sandbox cannot use an address it was not given.
 	set(EgressPolicy{AllowInternet: true})
-	spoof := ip.Next().Next()
-	if err := inNS(t, sb, func() error {
-		l, err := netlink.LinkByName(sandboxIfName)
-		if err != nil {
-			return err
-		}
-		return netlink.AddrAdd(l, addr(spoof, 32))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	err = inNS(t, sb, func() error {
-		dl := net.Dialer{Timeout: 700 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: spoof.AsSlice()}}
-		c, err := dl.Dial("tcp4", pub)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-	if err == nil {
+	if err := dialFromSpoofed(t, sb, ip.Next().Next(), pub); err == nil {
 		t.Fatal("dial from a spoofed source address succeeded")
 	}
 

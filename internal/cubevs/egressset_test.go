@@ -1,14 +1,11 @@
 package cubevs
 
 import (
-	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/vishvananda/netlink"
 )
 
 // ownerElems counts owner's elements per egress set in the kernel.
@@ -115,24 +112,7 @@ func TestEgressSpoofedNeighbourAddress(t *testing.T) {
 	pub := netip.AddrPortFrom(up.pub, 80).String()
 	mustTalk(t, b.NetNSPath, pub, "up")
 	mustBeRejected(t, a.NetNSPath, pub)
-	if err := inNS(t, a.NetNSPath, func() error {
-		l, err := netlink.LinkByName(sandboxIfName)
-		if err != nil {
-			return err
-		}
-		return netlink.AddrAdd(l, addr(ipB, 32))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	err = inNS(t, a.NetNSPath, func() error {
-		dl := net.Dialer{Timeout: 700 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: ipB.AsSlice()}}
-		c, err := dl.Dial("tcp4", pub)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-	if err == nil {
+	if err := dialFromSpoofed(t, a.NetNSPath, ipB, pub); err == nil {
 		t.Fatal("a sandbox reached the internet from its neighbour's address")
 	}
 }

@@ -80,9 +80,8 @@ func ipMatch(offset uint32, op expr.CmpOp, p netip.Prefix) []expr.Any {
 	return append(out, &expr.Cmp{Op: op, Register: 1, Data: a[:]})
 }
 
-func saddr(p netip.Prefix) []expr.Any    { return ipMatch(12, expr.CmpOpEq, p) }
-func notSaddr(p netip.Prefix) []expr.Any { return ipMatch(12, expr.CmpOpNeq, p) }
-func daddr(p netip.Prefix) []expr.Any    { return ipMatch(16, expr.CmpOpEq, p) }
+func saddr(p netip.Prefix) []expr.Any { return ipMatch(12, expr.CmpOpEq, p) }
+func daddr(p netip.Prefix) []expr.Any { return ipMatch(16, expr.CmpOpEq, p) }
 
 func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, 32) }
 

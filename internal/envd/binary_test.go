@@ -94,14 +94,8 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// runBinary starts envd with a config and waits for its ready byte.
-func runBinary(t *testing.T, cfg string, attr *syscall.SysProcAttr) (*exec.Cmd, string, *exitState) {
-	t.Helper()
-	return runBinaryUnder(t, cfg, attr, nil)
-}
-
-// runBinaryUnder is runBinary with envd started by wrapper (argv before
-// envd's own, e.g. cube-reaper ... --).
+// runBinaryUnder starts envd with a config under wrapper (argv before
+// envd's own, e.g. cube-reaper ... --) and waits for its ready byte.
 func runBinaryUnder(t *testing.T, cfg string, attr *syscall.SysProcAttr, wrapper []string) (*exec.Cmd, string, *exitState) {
 	t.Helper()
 	return runBinaryWith(t, cfg, attr, wrapper, nil)
