@@ -111,7 +111,7 @@ func addPoolSizeFlags(fs *pflag.FlagSet, size *int, memMB *int64, floor *int) {
 		},
 	}, "pool-size", "warm-pool slots of the pool template kept ready for fast creates: auto follows demand (the largest recent burst, --pool-floor when idle) within --pool-memory-mb; a number fixes it; 0 disables the pool")
 	bindEnv(fs, "pool-size", "CUBE_POOL_SIZE")
-	fs.Int64Var(memMB, "pool-memory-mb", cubelet.DefaultPoolMemoryMB(hostMemoryMB()), "memory budget of the adaptive warm pool (--pool-size auto), at ~16 MiB per pre-started slot")
+	fs.Int64Var(memMB, "pool-memory-mb", cubelet.DefaultPoolMemoryMB(hostMemoryMB()), "memory budget of the adaptive warm pool (--pool-size auto): each slot counts at the memory its template's slots measured (16 MiB until measured)")
 	bindEnv(fs, "pool-memory-mb", "CUBE_POOL_MEMORY_MB")
 	*floor = cubelet.DefaultPoolFloor
 	fs.Var(funcValue{

@@ -179,6 +179,8 @@ var (
 		"Warm-pool slots the node is asked to keep, by template (_plain: plain slots, which fit any template).", []string{"template"}, nil)
 	descPoolReady = prometheus.NewDesc("cube_cubelet_pool_ready_slots",
 		"Warm-pool slots ready to be taken, by template (_plain: plain slots).", []string{"template"}, nil)
+	descPoolSlotCost = prometheus.NewDesc("cube_cubelet_pool_slot_cost_bytes",
+		"Memory one warm-pool slot is counted at against --pool-memory-mb, by template: what the slots made measured (16 MiB until one was); adaptive pools only.", []string{"template"}, nil)
 	descIPsUsed = prometheus.NewDesc("cube_cubelet_sandbox_ips_used",
 		"Sandbox IPs held by records and reservations (sandboxes and pool slots).", nil, nil)
 	descIPs = prometheus.NewDesc("cube_cubelet_sandbox_ips",
@@ -193,7 +195,7 @@ var (
 type nodeCollector struct{ c *Cubelet }
 
 func (n nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecords, descPoolTarget, descPoolReady, descIPsUsed, descIPs, descPortsUsed, descPorts} {
+	for _, d := range []*prometheus.Desc{descRecords, descPoolTarget, descPoolReady, descPoolSlotCost, descIPsUsed, descIPs, descPortsUsed, descPorts} {
 		ch <- d
 	}
 }
@@ -213,6 +215,13 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for t, k := range target {
 		ch <- prometheus.MustNewConstMetric(descPoolTarget, prometheus.GaugeValue, float64(k), t)
 		ch <- prometheus.MustNewConstMetric(descPoolReady, prometheus.GaugeValue, float64(ready[t]), t)
+		if c.anyAdaptive() {
+			key := t
+			if t == c.mainPoolName() {
+				key = mainTarget
+			}
+			ch <- prometheus.MustNewConstMetric(descPoolSlotCost, prometheus.GaugeValue, float64(c.pool.costs.of(key)<<20), t)
+		}
 	}
 
 	ips, ports := c.addrs.Used()
@@ -223,6 +232,15 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPorts, prometheus.GaugeValue, float64(int(cfg.PortMax)-int(cfg.PortMin)+1))
 }
 
+// mainPoolName is the main target's name in the metrics: the pool
+// template, or plainTarget when it keeps plain slots.
+func (c *Cubelet) mainPoolName() string {
+	if c.cfg.PoolPrestart {
+		return c.poolTemplate()
+	}
+	return plainTarget
+}
+
 // poolCounts returns each pool target's size and ready slots, keyed by
 // template: the pool template for the main target (plainTarget when it
 // keeps plain slots), the template of a PoolTemplates entry. A plain slot
@@ -231,10 +249,7 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 // count.
 func (c *Cubelet) poolCounts() (target, ready map[string]int) {
 	target, ready = map[string]int{}, map[string]int{}
-	main := plainTarget
-	if c.cfg.PoolPrestart {
-		main = c.poolTemplate()
-	}
+	main := c.mainPoolName()
 	sz := c.sizesAt(time.Now())
 	if sz.main > 0 {
 		target[main] = sz.main

@@ -121,6 +121,8 @@ type pool struct {
 	// demand counts creates per template for the adaptive pool
 	// (pooldemand.go); nil when the pool size is fixed.
 	demand *demand
+	// costs is what a slot of each target measured (poolcost.go).
+	costs slotCosts
 }
 
 // refillYield is the longest a refill waits for creates in flight to end
@@ -292,6 +294,9 @@ func (c *Cubelet) refill(ctx context.Context) {
 			c.pool.ready = append(c.pool.ready, slot)
 		}
 		c.pool.mu.Unlock()
+		if err == nil && c.anyAdaptive() {
+			c.measureSlot(slot)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return

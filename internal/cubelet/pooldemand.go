@@ -44,12 +44,12 @@ const (
 	// DefaultPoolFloor is what the adaptive pool keeps with no demand,
 	// within the budget: a burst of up to this many creates after a quiet
 	// hour (a batch of agents, an evaluation run) is still served warm. At
-	// the default budget (a sixteenth of the host's memory, 16 MiB a slot)
-	// a host of 16 GiB or more keeps all of it, an 8 GiB one 32.
+	// the default budget (a sixteenth of the host's memory, 16 MiB a slot
+	// until measured) a host of 16 GiB or more keeps all of it, an 8 GiB
+	// one 32 until its slots are measured (then more).
 	DefaultPoolFloor = 64
-	// poolSlotCostMB is the memory one pre-started slot is counted at
-	// against the budget: an idle base sandbox (init + envd) measured
-	// 8-12 MiB resident, plus its netns and page tables.
+	// poolSlotCostMB is the memory one slot is counted at against the
+	// budget until a slot of its target has been measured (poolcost.go).
 	poolSlotCostMB = 16
 )
 
@@ -151,9 +151,9 @@ func anyAdaptive(cfg Config) bool {
 }
 
 // poolBudgetSlots is how many slots the adaptive pool's memory budget
-// (Config.PoolMemoryMB) pays for.
+// (Config.PoolMemoryMB) pays for at most: at the cheapest target's cost.
 func (c *Cubelet) poolBudgetSlots() int {
-	return int(c.cfg.PoolMemoryMB / poolSlotCostMB)
+	return int(c.cfg.PoolMemoryMB / c.pool.costs.least())
 }
 
 // extraFloor is what an adaptive PoolTemplates target keeps with no
@@ -172,21 +172,22 @@ type poolSizes struct {
 // target, then the adaptive entries in their order.
 func (c *Cubelet) sizesAt(now time.Time) poolSizes {
 	sz := poolSizes{main: c.cfg.PoolSize, extras: make(map[string]int, len(c.cfg.PoolTemplates))}
-	left := c.poolBudgetSlots()
+	left := c.cfg.PoolMemoryMB // MiB, each slot at its target's measured cost
 	for _, t := range c.cfg.PoolTemplates {
 		if t.Size >= 0 {
 			sz.extras[t.Template] = t.Size
-			left -= t.Size
+			left -= int64(t.Size) * c.pool.costs.of(t.Template)
 		}
 	}
+	slots := func(k string) int { return int(max(left, 0) / c.pool.costs.of(k)) }
 	if c.adaptive() {
-		sz.main = c.pool.demand.target(c.poolTemplate(), now, c.cfg.PoolFloor, left)
-		left -= sz.main
+		sz.main = c.pool.demand.target(c.poolTemplate(), now, c.cfg.PoolFloor, slots(mainTarget))
+		left -= int64(sz.main) * c.pool.costs.of(mainTarget)
 	}
 	for _, t := range c.cfg.PoolTemplates {
 		if t.Size < 0 {
-			sz.extras[t.Template] = c.pool.demand.target(t.Template, now, extraFloor, left)
-			left -= sz.extras[t.Template]
+			sz.extras[t.Template] = c.pool.demand.target(t.Template, now, extraFloor, slots(t.Template))
+			left -= int64(sz.extras[t.Template]) * c.pool.costs.of(t.Template)
 		}
 	}
 	return sz

@@ -186,3 +186,51 @@ func TestDefaultPoolFloorWithinBudget(t *testing.T) {
 		}
 	}
 }
+
+// The budget pays for slots at what their target measured: cheap slots
+// let the pool hold more of them, an expensive template fewer; unmeasured
+// targets count at poolSlotCostMB.
+func TestBudgetCountsMeasuredSlotCosts(t *testing.T) {
+	c := &Cubelet{cfg: Config{PoolSize: PoolAdaptive, PoolMemoryMB: 20 * poolSlotCostMB, PoolFloor: 4, PoolPrestart: true,
+		PoolTemplates: []PoolTarget{{Template: "interp", Size: PoolAdaptive}}}}
+	c.pool.demand = newDemand()
+	now := time.Now()
+	for range 500 {
+		c.pool.demand.record(DefaultPoolTemplate, now)
+		c.pool.demand.record("interp", now)
+	}
+	if sz := c.sizesAt(now); sz.main != 20 || sz.extras["interp"] != 0 {
+		t.Fatalf("unmeasured: sizes %+v, want main 20 (the budget at %d MiB a slot), interp 0", sz, poolSlotCostMB)
+	}
+	// A main slot measured 2 MiB in its cgroup: 4 MiB with the overhead.
+	c.pool.costs.note(mainTarget, 2<<20)
+	if got := c.pool.costs.of(mainTarget); got != 2+slotOverheadMB {
+		t.Fatalf("cost %d MiB, want %d", got, 2+slotOverheadMB)
+	}
+	if sz := c.sizesAt(now); sz.main != 80 {
+		t.Fatalf("main at 4 MiB a slot: %+v, want 80 (320 MiB / 4)", sz)
+	}
+	if got := c.poolCapacity(); got != 80 {
+		t.Fatalf("capacity %d, want 80", got)
+	}
+	// Smoothing: one slot measured at 42 MiB moves the cost a quarter of
+	// the way.
+	c.pool.costs.note(mainTarget, 42<<20)
+	if got := c.pool.costs.of(mainTarget); got != (3*4+44+3)/4 {
+		t.Fatalf("smoothed cost %d", got)
+	}
+	// An expensive template gets what the main target leaves.
+	c.pool.costs.note(mainTarget, 2<<20) // (3*14 + 4 + 3) / 4 = 12
+	c.pool.costs.note("interp", 98<<20)  // 100 MiB a slot
+	c.cfg.PoolMemoryMB = 1000
+	c.pool.demand = newDemand()
+	for range 30 {
+		c.pool.demand.record(DefaultPoolTemplate, now)
+		c.pool.demand.record("interp", now)
+	}
+	main := c.pool.costs.of(mainTarget)
+	want := int((1000 - 30*main) / 100)
+	if sz := c.sizesAt(now); sz.main != 30 || sz.extras["interp"] != want {
+		t.Fatalf("sizes %+v, want main 30 and interp %d (what %d MiB leaves at 100 MiB a slot)", sz, want, 1000-30*main)
+	}
+}

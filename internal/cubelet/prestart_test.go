@@ -466,3 +466,26 @@ func TestPrestartedTakeAppliesEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The adaptive pool measures the slots it makes: a pre-started slot of
+// the test template is counted at its real memory (a few MiB: envd and
+// the init, plus the fixed overhead), not at poolSlotCostMB, so the budget
+// pays for more of them.
+func TestAdaptivePoolMeasuresSlots(t *testing.T) {
+	n := newTestNode(t)
+	n.cfg.PoolSize = PoolAdaptive
+	n.cfg.PoolFloor = 2
+	n.cfg.PoolMemoryMB = 10 * poolSlotCostMB
+	c := n.start(t)
+	defer c.Close()
+	waitPool(t, c, 2)
+	cost := c.pool.costs.of(mainTarget)
+	if cost <= slotOverheadMB || cost >= poolSlotCostMB {
+		t.Fatalf("measured slot cost %d MiB: want more than the %d MiB overhead and less than the unmeasured %d",
+			cost, slotOverheadMB, poolSlotCostMB)
+	}
+	if got, want := c.poolCapacity(), int(10*poolSlotCostMB/cost); got != want {
+		t.Fatalf("capacity %d, want %d (the budget at %d MiB a slot)", got, want, cost)
+	}
+	t.Logf("pre-started slot measured at %d MiB", cost)
+}
