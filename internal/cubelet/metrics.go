@@ -180,7 +180,7 @@ var (
 	descPoolReady = prometheus.NewDesc("cube_cubelet_pool_ready_slots",
 		"Warm-pool slots ready to be taken, by template (_plain: plain slots).", []string{"template"}, nil)
 	descPoolSlotCost = prometheus.NewDesc("cube_cubelet_pool_slot_cost_bytes",
-		"Memory one warm-pool slot is counted at against --pool-memory-mb, by template: what the slots made measured (16 MiB until one was); adaptive pools only.", []string{"template"}, nil)
+		"Memory one warm-pool slot is counted at against --pool-memory-mb, by template: what the slots made measured (16 MiB until one was); a fixed --pool-size does not use it.", []string{"template"}, nil)
 	descIPsUsed = prometheus.NewDesc("cube_cubelet_sandbox_ips_used",
 		"Sandbox IPs held by records and reservations (sandboxes and pool slots).", nil, nil)
 	descIPs = prometheus.NewDesc("cube_cubelet_sandbox_ips",
@@ -215,13 +215,11 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	for t, k := range target {
 		ch <- prometheus.MustNewConstMetric(descPoolTarget, prometheus.GaugeValue, float64(k), t)
 		ch <- prometheus.MustNewConstMetric(descPoolReady, prometheus.GaugeValue, float64(ready[t]), t)
-		if c.anyAdaptive() {
-			key := t
-			if t == c.mainPoolName() {
-				key = mainTarget
-			}
-			ch <- prometheus.MustNewConstMetric(descPoolSlotCost, prometheus.GaugeValue, float64(c.pool.costs.of(key)<<20), t)
+		key := t
+		if t == c.mainPoolName() {
+			key = mainTarget
 		}
+		ch <- prometheus.MustNewConstMetric(descPoolSlotCost, prometheus.GaugeValue, float64(c.pool.costs.of(key)<<20), t)
 	}
 
 	ips, ports := c.addrs.Used()

@@ -294,7 +294,7 @@ func (c *Cubelet) refill(ctx context.Context) {
 			c.pool.ready = append(c.pool.ready, slot)
 		}
 		c.pool.mu.Unlock()
-		if err == nil && c.anyAdaptive() {
+		if err == nil {
 			c.measureSlot(slot)
 		}
 		if err != nil {
