@@ -212,11 +212,12 @@ func (n nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	target, ready := c.poolCounts()
+	main := c.mainPoolName()
 	for t, k := range target {
 		ch <- prometheus.MustNewConstMetric(descPoolTarget, prometheus.GaugeValue, float64(k), t)
 		ch <- prometheus.MustNewConstMetric(descPoolReady, prometheus.GaugeValue, float64(ready[t]), t)
 		key := t
-		if t == c.mainPoolName() {
+		if t == main {
 			key = mainTarget
 		}
 		ch <- prometheus.MustNewConstMetric(descPoolSlotCost, prometheus.GaugeValue, float64(c.pool.costs.of(key)<<20), t)

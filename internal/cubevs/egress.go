@@ -38,10 +38,10 @@ var (
 // SetEgress installs or replaces owner's egress policy atomically: its
 // elements in the egress sets and its out chain are brought to what p asks
 // (see egressset.go), and a chain sb-<owner> an earlier version made for it
-// goes in the same transaction. The host address set is refreshed at the same time. The
-// policy takes effect for new connections at once; ip is the sandbox
-// address (anything else from its link is dropped, so a sandbox cannot
-// borrow another's address or policy).
+// goes in the same transaction. The host address set is refreshed at the
+// same time. The policy takes effect for new connections at once; ip is
+// the sandbox address (anything else from its link is dropped, so a
+// sandbox cannot borrow another's address or policy).
 func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, p EgressPolicy) (err error) {
 	if err := d.cfg.validOwner(owner); err != nil {
 		return err
@@ -93,12 +93,7 @@ func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, 
 		legacy()
 		mi.egress[owner] = want
 		for other, elems := range stale {
-			mi.egress[other] = slices.DeleteFunc(mi.egress[other], func(e egressElem) bool {
-				return slices.ContainsFunc(elems, e.equal)
-			})
-			if len(mi.egress[other]) == 0 {
-				delete(mi.egress, other)
-			}
+			mi.forgetEgress(other, elems)
 		}
 		return nil
 	})
@@ -108,21 +103,12 @@ func (d *Dataplane) SetEgress(ctx context.Context, owner string, ip netip.Addr, 
 // sb-<owner> (per-sandbox policy as earlier versions installed it) and
 // returns what to forget in the mirror once the batch is committed.
 func (d *Dataplane) queueLegacyRemoval(c *nftables.Conn, mi *nftMirror, owner string) (committed func(), err error) {
-	keys := mi.verdictKeysOf(owner)
-	if len(keys) > 0 {
-		gone := make([]nftables.SetElement, 0, len(keys))
-		for _, k := range keys {
-			gone = append(gone, nftables.SetElement{Key: []byte(k)})
-		}
-		if err := c.SetDeleteElements(d.sandboxesSet(), gone); err != nil {
-			return nil, fmt.Errorf("delete from %s: %w", setSandboxes, err)
-		}
+	keys, chain := mi.verdictKeysOf(owner), ""
+	if mi.chains[owner] {
+		chain = chainName(owner)
 	}
-	chain := mi.chains[owner]
-	if chain {
-		ch := &nftables.Chain{Name: chainName(owner), Table: d.table()}
-		c.FlushChain(ch)
-		c.DelChain(ch)
+	if err := d.queueJumpRemoval(c, d.sandboxesSet(), keys, chain); err != nil {
+		return nil, err
 	}
 	return func() {
 		for _, k := range keys {
@@ -133,11 +119,10 @@ func (d *Dataplane) queueLegacyRemoval(c *nftables.Conn, mi *nftMirror, owner st
 }
 
 // removeOwnerNFT deletes, in one transaction, owner's port mappings, its
-// egress elements and out chain (and an earlier version's verdict map entry
-// and chain).
-// Absent pieces are fine. What to
-// delete comes from the mirror (by owner: a handful of map lookups), so a
-// kill reads nothing from the kernel whatever the number of sandboxes.
+// egress elements and out chain (and an earlier version's verdict map
+// entry and chain). Absent pieces are fine. What to delete comes from the
+// mirror (by owner: a handful of map lookups), so a kill reads nothing
+// from the kernel whatever the number of sandboxes.
 //
 // hostPorts are more mappings to delete in the same transaction whoever
 // owns them (a sandbox's recorded ports; RemoveMapping would take a

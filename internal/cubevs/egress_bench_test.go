@@ -11,7 +11,7 @@ import (
 // BenchmarkSetEgress times what a create asks of nftables (its egress
 // policy and its envd mapping) with 10 and 2000 sandboxes resident, each
 // holding a policy and a mapping as a sandbox does: the default policy
-// (internet), or one with a DenyOut prefix (a range in the denyout set).
+// (internet), or one with a DenyOut prefix (a rule in its out chain).
 // kill-ns/op is what the kill's Release of the same took. Needs root.
 //
 //	go test -run '^$' -bench SetEgress -benchtime 200x ./internal/cubevs

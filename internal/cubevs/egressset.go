@@ -79,8 +79,7 @@ func (d *Dataplane) egressRules() [][]expr.Any {
 	}
 	rules = append(rules,
 		rule(daddrInSet(hostSet), reject()),
-		rule(&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-			&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: outs.Name, SetID: outs.ID}))
+		iifVerdictMap(outs))
 	for _, pr := range privateRanges {
 		rules = append(rules, rule(saddrInSet(internet), daddr(pr), reject()))
 	}
@@ -153,7 +152,6 @@ func (d *Dataplane) queueEgressChanges(c *nftables.Conn, owner string, have, wan
 // mirror holds them. It returns what to record in the mirror once the batch
 // is committed.
 func (d *Dataplane) queueOutChain(c *nftables.Conn, mi *nftMirror, owner string, p EgressPolicy) (committed func(), err error) {
-	key := ifNameKey(LinkName(owner))
 	if len(p.AllowOut)+len(p.DenyOut) == 0 {
 		return d.queueOutChainRemoval(c, mi, owner)
 	}
@@ -162,8 +160,7 @@ func (d *Dataplane) queueOutChain(c *nftables.Conn, mi *nftMirror, owner string,
 	for _, r := range outRules(p) {
 		addRule(c, ch, r)
 	}
-	if err := c.SetAddElements(d.outRulesMap(), []nftables.SetElement{{Key: key,
-		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}, Comment: owner}}); err != nil {
+	if err := c.SetAddElements(d.outRulesMap(), []nftables.SetElement{jumpElement(owner, ch.Name)}); err != nil {
 		return nil, fmt.Errorf("add to %s: %w", setOutRules, err)
 	}
 	return func() { mi.outs[owner] = true }, nil
@@ -175,13 +172,30 @@ func (d *Dataplane) queueOutChainRemoval(c *nftables.Conn, mi *nftMirror, owner 
 	if !mi.outs[owner] {
 		return func() {}, nil
 	}
-	if err := c.SetDeleteElements(d.outRulesMap(), []nftables.SetElement{{Key: ifNameKey(LinkName(owner))}}); err != nil {
-		return nil, fmt.Errorf("delete from %s: %w", setOutRules, err)
+	if err := d.queueJumpRemoval(c, d.outRulesMap(), []string{string(ifNameKey(LinkName(owner)))}, outChainName(owner)); err != nil {
+		return nil, err
 	}
-	ch := &nftables.Chain{Name: outChainName(owner), Table: d.table()}
-	c.FlushChain(ch)
-	c.DelChain(ch)
 	return func() { delete(mi.outs, owner) }, nil
+}
+
+// queueJumpRemoval queues deleting the keys of verdict map m and the chain
+// they jump to (none of either: nothing).
+func (d *Dataplane) queueJumpRemoval(c *nftables.Conn, m *nftables.Set, keys []string, chain string) error {
+	if len(keys) > 0 {
+		gone := make([]nftables.SetElement, 0, len(keys))
+		for _, k := range keys {
+			gone = append(gone, nftables.SetElement{Key: []byte(k)})
+		}
+		if err := c.SetDeleteElements(m, gone); err != nil {
+			return fmt.Errorf("delete from %s: %w", m.Name, err)
+		}
+	}
+	if chain != "" {
+		ch := &nftables.Chain{Name: chain, Table: d.table()}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
+	return nil
 }
 
 // Mirror part: the egress elements of each owner, and who has an out chain.
@@ -234,6 +248,16 @@ func (m *nftMirror) othersAt(owner string, ip netip.Addr) map[string][]egressEle
 		}
 	}
 	return out
+}
+
+// forgetEgress drops elems from owner's elements in the mirror.
+func (m *nftMirror) forgetEgress(owner string, elems []egressElem) {
+	m.egress[owner] = slices.DeleteFunc(m.egress[owner], func(e egressElem) bool {
+		return slices.ContainsFunc(elems, e.equal)
+	})
+	if len(m.egress[owner]) == 0 {
+		delete(m.egress, owner)
+	}
 }
 
 // hasPolicy reports whether owner's policy is installed (its sources

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 )
 
 // ownerElems counts owner's elements per egress set in the kernel.
@@ -182,8 +181,7 @@ func installLegacyChain(t *testing.T, d *Dataplane, owner string) {
 	}
 	ch := c.AddChain(&nftables.Chain{Name: chainName(owner), Table: d.table()})
 	addRule(c, ch, rule(accept()))
-	if err := c.SetAddElements(d.sandboxesSet(), []nftables.SetElement{{Key: ifNameKey(LinkName(owner)),
-		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}, Comment: owner}}); err != nil {
+	if err := c.SetAddElements(d.sandboxesSet(), []nftables.SetElement{jumpElement(owner, ch.Name)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Flush(); err != nil {

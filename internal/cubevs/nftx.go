@@ -93,6 +93,22 @@ func daddrInSet(set *nftables.Set) []expr.Any {
 	}
 }
 
+// iifVerdictMap looks the input interface's name up in a verdict map and
+// applies the verdict found (jump to its chain); no entry, no verdict.
+func iifVerdictMap(m *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: m.Name, SetID: m.ID},
+	}
+}
+
+// jumpElement is the verdict-map element that sends what enters by owner's
+// link to chain.
+func jumpElement(owner, chain string) nftables.SetElement {
+	return nftables.SetElement{Key: ifNameKey(LinkName(owner)),
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chain}, Comment: owner}
+}
+
 // saddrInSet matches the IPv4 source against a named set.
 func saddrInSet(set *nftables.Set) []expr.Any {
 	return []expr.Any{

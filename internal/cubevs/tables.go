@@ -158,8 +158,7 @@ func (d *Dataplane) ensureDPTable(hostAddrs, dns []netip.Addr) (err error) {
 	// Sandboxes whose policy an earlier version installed as a chain of
 	// their own keep it until the start-up reconcile moves it into the
 	// egress sets; every other sandbox link goes to the shared chain.
-	addRule(c, fwd, rule(&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: sandboxes.Name, SetID: sandboxes.ID}))
+	addRule(c, fwd, iifVerdictMap(sandboxes))
 	addRule(c, fwd, rule(iifPrefix("cv"), &expr.Verdict{Kind: expr.VerdictGoto, Chain: chainEgress}))
 	for _, r := range d.egressRules() {
 		addRule(c, egress, r)
