@@ -16,8 +16,8 @@ import (
 // --cpu-capacity (8 vCPU per core) let a 2-core node take 8.
 func TestDefaultCapacityTakesABurst(t *testing.T) {
 	c := newCluster(t)
-	c.addNodePorts("cap1", 41, 31000, 60)
-	c.addNodePorts("cap2", 42, 31060, 60)
+	c.addNodePorts("cap1", 31000, 60)
+	c.addNodePorts("cap2", 31060, 60)
 	const n = 100
 	codes := map[int]int{}
 	var failures []string

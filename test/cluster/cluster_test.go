@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	mrand "math/rand/v2"
 )
 
 // TestTwoNodeCluster covers registration, spreading, proxying to a remote
@@ -16,9 +15,8 @@ import (
 // back with its sandboxes intact, and node delete rules.
 func TestTwoNodeCluster(t *testing.T) {
 	c := newCluster(t)
-	base := 1 + mrand.IntN(60)
-	a := c.addNode("node-a", base)
-	b := c.addNode("node-b", base+60)
+	a := c.addNode("node-a")
+	b := c.addNode("node-b")
 
 	// Spread: four creates land two per node, all reachable via the proxy.
 	var ids []string

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	mrand "math/rand/v2"
 
 	"github.com/cube-dev/cube/internal/template"
 )
@@ -25,7 +24,7 @@ import (
 // refused and leaves nothing on the node.
 func TestTemplateDistribution(t *testing.T) {
 	c := newCluster(t)
-	c.addNode("node-d", 1+mrand.IntN(120))
+	c.addNode("node-d")
 	serverData := filepath.Join(c.dir, "server")
 	nodeTemplates := template.NewRegistry(filepath.Join(c.dir, "node-d"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

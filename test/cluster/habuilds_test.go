@@ -60,7 +60,7 @@ func TestTemplateBuildsAcrossReplicas(t *testing.T) {
 	b := newServer("server-b")
 	// The cubelet registers with A; B knows the node from the database.
 	c.url, c.server = a.url, a.p
-	n := c.addNode("n1", 61)
+	n := c.addNode("n1")
 	call := func(s *haServer, method, path string, body, out any, want int) {
 		t.Helper()
 		c.url = s.url

@@ -63,7 +63,7 @@ func TestImageBuildsAcrossReplicas(t *testing.T) {
 	b := newServer("server-b")
 	// The cubelet knows B only: every template it lacks comes from B.
 	c.url, c.server = b.url, b.p
-	n := c.addNode("img1", 1+int(time.Now().UnixNano()%60))
+	n := c.addNode("img1")
 	call := func(s *haServer, method, path string, body, out any, want int) {
 		t.Helper()
 		c.url = s.url

@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,15 +123,20 @@ func (c *cluster) restartServer() {
 	})
 }
 
-// addNode starts a cubelet with its own dataplane and a busybox template
-// named "tiny".
-func (c *cluster) addNode(id string, octet int) *nodeProc {
-	return c.addNodePorts(id, octet, uint16(30000+octet*20), 20)
+// addNode starts a cubelet with its own dataplane (subnets no other node
+// uses: freeOctet) and a busybox template named "tiny".
+func (c *cluster) addNode(id string) *nodeProc {
+	octet := freeOctet(c.t)
+	return c.addNodeAt(id, octet, uint16(30000+octet*20), 20)
 }
 
 // addNodePorts is addNode with ports host ports from portMin (a node takes
 // a sandbox per host port).
-func (c *cluster) addNodePorts(id string, octet int, portMin, ports uint16) *nodeProc {
+func (c *cluster) addNodePorts(id string, portMin, ports uint16) *nodeProc {
+	return c.addNodeAt(id, freeOctet(c.t), portMin, ports)
+}
+
+func (c *cluster) addNodeAt(id string, octet int, portMin, ports uint16) *nodeProc {
 	t := c.t
 	dir := filepath.Join(c.dir, id)
 	tag := randHex(2)
@@ -152,8 +156,7 @@ func (c *cluster) addNodePorts(id string, octet int, portMin, ports uint16) *nod
 	// tests' outgoing connections).
 	n.net.PortMin = portMin
 	n.net.PortMax = n.net.PortMin + ports - 1
-	n.net.Transit = netip.MustParsePrefix(fmt.Sprintf("10.253.%d.0/30", octet))
-	n.net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.29.%d.0/24", octet))
+	n.net.Transit, n.net.NodeCIDR = nodeSubnets(octet)
 	n.listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	n.args = []string{"cubelet", "--server", c.url, "--api-key", c.key, "--node-id", id,
 		"--listen", n.listen, "--advertise-ip", "127.0.0.1",

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	mrand "math/rand/v2"
 
 	"github.com/cube-dev/cube/internal/template"
 )
@@ -24,9 +23,8 @@ import (
 // node can fetch it again.
 func TestBuiltTemplateRunsOnAnyNode(t *testing.T) {
 	c := newCluster(t)
-	base := 1 + mrand.IntN(60)
-	c.addNode("lay-a", base)
-	c.addNode("lay-b", base+60)
+	c.addNode("lay-a")
+	c.addNode("lay-b")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -125,7 +123,7 @@ func envdFile(t *testing.T, c *cluster, id, token, path string) string {
 // default user's home).
 func TestCachedRebuildKeepsStepState(t *testing.T) {
 	c := newCluster(t)
-	c.addNode("cache-a", 1+mrand.IntN(120))
+	c.addNode("cache-a")
 	build := func(last string) buildInfo {
 		t.Helper()
 		_, st := c.buildFromTiny("stateful", []map[string]any{

@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"fmt"
-	mrand "math/rand/v2"
 	"net/http"
 	"strings"
 	"syscall"
@@ -23,7 +22,7 @@ func TestClusterMetrics(t *testing.T) {
 	c.server.Kill(syscall.SIGTERM)
 	c.serverArgs = append(c.serverArgs, "--metrics-listen", serverMetrics)
 	c.restartServer()
-	n := c.addNode("node-m", 1+mrand.IntN(100))
+	n := c.addNode("node-m")
 
 	kept, gone := c.create(), c.create()
 	c.call(http.MethodDelete, "/sandboxes/"+gone, nil, nil, http.StatusNoContent)

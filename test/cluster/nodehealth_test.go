@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	mrand "math/rand/v2"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -38,7 +37,7 @@ func TestNodeHealthReportedAndHelmTest(t *testing.T) {
 	if err := preflight.WriteFingerprint(prepDir, fp); err != nil {
 		t.Fatal(err)
 	}
-	c.addNode("node-h", 1+mrand.IntN(120))
+	c.addNode("node-h")
 
 	h := c.waitHealth("node-h", func(h *cubecluster.NodeHealth) bool { return h.Preflight.State == cubecluster.PrepPassed })
 	if !h.Socket.Serving || !strings.HasPrefix(h.Socket.Address, "http://127.0.0.1:") || h.Preflight.Generation != 3 ||

@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -29,7 +28,7 @@ func readyz(n *nodeProc) (int, string) {
 // right after a hostNetwork flip went to the Pod's old address).
 func TestCubeletReadyzFollowsServer(t *testing.T) {
 	c := newCluster(t)
-	n := c.addNode("node-r", 1+rand.IntN(120))
+	n := c.addNode("node-r")
 	wantReadyz := func(what string, code int, body string) {
 		t.Helper()
 		var got int
