@@ -19,6 +19,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nativebin"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/proctest"
 	"github.com/cube-dev/cube/internal/rootfstest"
 	"github.com/cube-dev/cube/internal/template"
 )
@@ -112,14 +113,15 @@ func newTestNode(t *testing.T) *node {
 	raw := make([]byte, 3)
 	rand.Read(raw)
 	tag := hex.EncodeToString(raw)
-	octet := int(raw[0])%200 + 20
+	octet := proctest.FreeOctet(t, 20, 219, func(o int) []netip.Prefix {
+		return []netip.Prefix{testNodeCIDR(o), testTransit(o)}
+	})
 	net := cubevs.DefaultConfig()
 	net.RunDir = filepath.Join(tmp, "run")
 	net.DPName = "cdp-" + tag
 	net.HostVeth = "ct" + tag
 	net.TablePrefix = "ct" + tag
-	net.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.31.%d.0/24", octet))
-	net.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.0/30", octet))
+	net.NodeCIDR, net.Transit = testNodeCIDR(octet), testTransit(octet)
 	// Below the kernel's ephemeral port range (32768+): a DNATed range there
 	// would capture other tests' outgoing connections.
 	net.PortMin = uint16(30000 + (octet%50)*50)
@@ -182,4 +184,14 @@ func (n *node) start(t *testing.T) *Cubelet {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// testNodeCIDR and testTransit are the subnets of the test node at octet
+// (proctest.FreeOctet picks one no host route covers).
+func testNodeCIDR(octet int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("172.31.%d.0/24", octet))
+}
+
+func testTransit(octet int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("169.254.%d.0/30", octet))
 }

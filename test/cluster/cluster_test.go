@@ -7,7 +7,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // TestTwoNodeCluster covers registration, spreading, proxying to a remote

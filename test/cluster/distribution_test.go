@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/cube-dev/cube/internal/template"
 )
 

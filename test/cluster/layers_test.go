@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/cube-dev/cube/internal/template"
 )
 

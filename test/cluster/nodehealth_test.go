@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"

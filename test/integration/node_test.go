@@ -27,6 +27,7 @@ import (
 	"github.com/cube-dev/cube/internal/cubelet"
 	"github.com/cube-dev/cube/internal/cubevs"
 	"github.com/cube-dev/cube/internal/nsrt"
+	"github.com/cube-dev/cube/internal/proctest"
 	"github.com/cube-dev/cube/internal/template"
 )
 
@@ -71,13 +72,14 @@ func newNode(t *testing.T) *node {
 	raw := make([]byte, 4)
 	rand.Read(raw)
 	tag := hex.EncodeToString(raw[:3])
-	octet := int(raw[3])%200 + 20
+	octet := proctest.FreeOctet(t, 20, 219, func(o int) []netip.Prefix {
+		return []netip.Prefix{integrationTransit(o), integrationNodeCIDR(o)}
+	})
 	cfg := cubevs.DefaultConfig()
 	cfg.RunDir = filepath.Join(dir, "run")
 	cfg.HostVeth = "ci" + tag
 	cfg.TablePrefix = "ci" + tag
-	cfg.NodeCIDR = netip.MustParsePrefix(fmt.Sprintf("172.29.%d.0/24", octet))
-	cfg.Transit = netip.MustParsePrefix(fmt.Sprintf("169.254.%d.8/30", octet))
+	cfg.NodeCIDR, cfg.Transit = integrationNodeCIDR(octet), integrationTransit(octet)
 	// Below the ephemeral range, so the API's free port never falls inside.
 	cfg.PortMin = uint16(10000 + (octet%100)*100)
 	cfg.PortMax = cfg.PortMin + 99
@@ -431,4 +433,14 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// integrationTransit and integrationNodeCIDR are the subnets of the test
+// node at octet (proctest.FreeOctet picks one no host route covers).
+func integrationTransit(octet int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("169.254.%d.8/30", octet))
+}
+
+func integrationNodeCIDR(octet int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("172.29.%d.0/24", octet))
 }
