@@ -109,6 +109,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := c.Health(ctx); err != nil {
 		return res, fmt.Errorf("cube at %s is not healthy: %w", cfg.Server, err)
 	}
+	// A Cube just started fills its warm pool: the floor and the first
+	// creates timed meanwhile would measure that work.
+	t0 := time.Now()
+	waitQuiet(ctx, time.Minute)
+	log.Info("machine quiet", "waited", time.Since(t0).Round(time.Millisecond))
 	if cfg.enabled("floor") {
 		if _, err := os.Stat(cfg.FloorBin); err != nil {
 			log.Warn("floor skipped: responder binary missing (build it: CGO_ENABLED=0 go build -o bin/benchfloor ./cmd/benchfloor)", "path", cfg.FloorBin)

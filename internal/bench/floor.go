@@ -76,12 +76,19 @@ func RunFloor(ctx context.Context, bin string, n, conc int) FloorResult {
 		k := min(conc, n-done)
 		gate := make(chan struct{})
 		var wg sync.WaitGroup
+		var released time.Time
 		for range k {
 			wg.Go(func() {
 				<-gate
-				burst.Add(FloorOnce(ctx, bin))
+				// Timed from the burst's start, as the concurrent creates
+				// are: a fork holds its P until the child execs
+				// (vfork), so the burst's later goroutines start late and
+				// their own clock would leave out that wait.
+				_, err := FloorOnce(ctx, bin)
+				burst.Add(time.Since(released), err)
 			})
 		}
+		released = time.Now()
 		close(gate)
 		wg.Wait()
 	}

@@ -60,16 +60,16 @@ func RunBursts(ctx context.Context, c *Client, n, conc int) CreateResult {
 		ids := make([]string, k)
 		var wg sync.WaitGroup
 		gate := make(chan struct{})
+		var t time.Time
 		for i := range k {
 			wg.Go(func() {
 				<-gate
-				t0 := time.Now()
 				id, err := c.Create(ctx)
-				create.Add(time.Since(t0), err)
+				create.Add(time.Since(t), err) // from the burst's start
 				ids[i] = id
 			})
 		}
-		t := time.Now()
+		t = time.Now()
 		close(gate)
 		wg.Wait()
 		busy += time.Since(t)

@@ -9,14 +9,15 @@ import (
 	"time"
 )
 
-// waitQuiet waits until the machine's CPUs were at least 80% idle over a
-// quarter second, or max has passed: a fresh Cube fills its warm pool
+// waitQuiet waits until the machine's CPUs were at least 80% idle in each
+// of quietWindows consecutive quarter seconds, or max has passed: a fresh Cube fills its warm pool
 // after start and after a fill, and a probe timed meanwhile measures that
 // work, not the create (the density phase's creates at 0 and at N resident
 // are compared with each other).
 func waitQuiet(ctx context.Context, max time.Duration) {
 	deadline := time.Now().Add(max)
 	prevIdle, prevTotal, err := cpuTimes()
+	quiet := 0
 	for err == nil && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
@@ -27,12 +28,18 @@ func waitQuiet(ctx context.Context, max time.Duration) {
 		if e != nil || total == prevTotal {
 			return
 		}
-		if float64(idle-prevIdle)/float64(total-prevTotal) >= 0.8 {
+		if float64(idle-prevIdle)/float64(total-prevTotal) < 0.8 {
+			quiet = 0
+		} else if quiet++; quiet == quietWindows {
 			return
 		}
 		prevIdle, prevTotal = idle, total
 	}
 }
+
+// quietWindows is how many quiet quarter seconds in a row waitQuiet wants:
+// a warm pool fills in steps, with pauses shorter than a second.
+const quietWindows = 4
 
 // cpuTimes returns the idle (idle + iowait) and total jiffies of all CPUs
 // from /proc/stat.
