@@ -34,11 +34,33 @@ func Gather(t testing.TB, g prometheus.Gatherer) Families {
 	for _, f := range fams {
 		out[f.GetName()] = f
 	}
+	checkLabels(t, out)
 	return out
 }
 
-// Scrape GETs url (a /metrics page) with hc (nil: http.DefaultClient) and
-// parses it with the Prometheus text parser.
+// unboundedLabels are label names that would carry a sandbox id: one
+// series per sandbox ever made. Per-sandbox numbers are on the E2B metrics
+// endpoint instead.
+var unboundedLabels = map[string]bool{"sandbox": true, "sandbox_id": true, "sandboxid": true, "id": true}
+
+// checkLabels fails t for a series with a label that would carry a sandbox
+// id.
+func checkLabels(t testing.TB, fams Families) {
+	t.Helper()
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if unboundedLabels[strings.ToLower(lp.GetName())] {
+					t.Errorf("%s has label %q: a sandbox id makes a series per sandbox", name, lp.GetName())
+				}
+			}
+		}
+	}
+}
+
+// Scrape GETs url (a /metrics page) with hc (nil: http.DefaultClient),
+// parses it with the Prometheus text parser and lints it (promlint, and no
+// label that would carry a sandbox id): problems are errors of t.
 func Scrape(t testing.TB, hc *http.Client, url string) Families {
 	t.Helper()
 	if hc == nil {
@@ -58,6 +80,10 @@ func Scrape(t testing.TB, hc *http.Client, url string) Families {
 	if err != nil {
 		t.Fatalf("parse %s: %v\n%s", url, err, b)
 	}
+	if probs, err := promlint.New(bytes.NewReader(b)).Lint(); err != nil || len(probs) > 0 {
+		t.Errorf("promlint %s: %v %v", url, probs, err)
+	}
+	checkLabels(t, fams)
 	return fams
 }
 

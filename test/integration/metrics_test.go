@@ -140,3 +140,62 @@ func scrape(t *testing.T, n *node, addr string) promtest.Families {
 	t.Helper()
 	return promtest.Scrape(t, n.httpClient, "http://"+addr+"/metrics")
 }
+
+// TestWarmPoolExhaustionMetrics runs a fixed pool of two dry: four creates
+// at once take both ready slots and the rest run cold. The scrape counts
+// them as hits and misses, and the create histogram by path agrees.
+func TestWarmPoolExhaustionMetrics(t *testing.T) {
+	ctx := context.Background()
+	n := newNode(t)
+	metricsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(n.freePort()))
+	n.extra = []string{"--metrics-listen", metricsAddr, "--pool-size", "2"}
+	n.start()
+
+	m := scrape(t, n, metricsAddr)
+	for deadline := time.Now().Add(60 * time.Second); m.Value("cube_cubelet_pool_ready_slots", "template", "base") != 2; m = scrape(t, n, metricsAddr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never ready: ready %v, target %v", m.Value("cube_cubelet_pool_ready_slots", "template", "base"),
+				m.Value("cube_cubelet_pool_target_slots", "template", "base"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := m.Value("cube_cubelet_pool_target_slots", "template", "base"); got != 2 {
+		t.Fatalf("pool target %v, want 2", got)
+	}
+
+	const creates = 4
+	errs := make(chan error, creates)
+	for range creates {
+		go func() {
+			_, err := n.create(ctx)
+			errs <- err
+		}()
+	}
+	for range creates {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	m = scrape(t, n, metricsAddr)
+	hits := m.Value("cube_cubelet_pool_hits_total", "template", "base")
+	misses := m.Value("cube_cubelet_pool_misses_total", "template", "base")
+	// A slot refilled in the meantime may serve a third create; at least
+	// one of four against a pool of two runs cold.
+	if hits < 2 || misses < 1 || hits+misses != creates {
+		t.Fatalf("pool hits %v, misses %v after %d creates against 2 ready slots", hits, misses, creates)
+	}
+	warm := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "prestarted", "template", "base")
+	if pool := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "pool", "template", "base"); pool > 0 {
+		warm += pool
+	}
+	if cold := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "cold", "template", "base"); warm != hits || cold != misses {
+		t.Errorf("creates by path: warm %v, cold %v; want %v and %v (the hits and misses)", warm, cold, hits, misses)
+	}
+	// The pool refills to its target.
+	for deadline := time.Now().Add(60 * time.Second); m.Value("cube_cubelet_pool_ready_slots", "template", "base") != 2; m = scrape(t, n, metricsAddr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool not refilled: ready %v", m.Value("cube_cubelet_pool_ready_slots", "template", "base"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -16,19 +16,20 @@ import (
 // TestMetricsObjectsPassServerSideDryRun sends a release with every metrics
 // feature on, ServiceMonitors included, to a real kube-apiserver with
 // dryRun=All and fieldValidation=Strict, as a create and as a server-side
-// apply. The API server has no Prometheus Operator: the test installs a
-// ServiceMonitor CRD with the schema of the fields the chart uses
-// (testdata/servicemonitor-crd.yaml) and removes it afterwards.
+// apply. The API server has no Prometheus Operator: the test installs
+// ServiceMonitor and PrometheusRule CRDs with the schema of the fields the
+// chart uses (testdata/*-crd.yaml) and removes them afterwards.
 func TestMetricsObjectsPassServerSideDryRun(t *testing.T) {
 	cfg := realAPIServer(t)
 	crds, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{
-		Paths: []string{"testdata/servicemonitor-crd.yaml"}, ErrorIfPathMissing: true})
+		Paths:              []string{"testdata/servicemonitor-crd.yaml", "testdata/prometheusrule-crd.yaml"},
+		ErrorIfPathMissing: true})
 	if err != nil {
-		t.Fatalf("install the ServiceMonitor CRD: %v", err)
+		t.Fatalf("install the ServiceMonitor and PrometheusRule CRDs: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := envtest.UninstallCRDs(cfg, envtest.CRDInstallOptions{CRDs: crds}); err != nil {
-			t.Errorf("uninstall the ServiceMonitor CRD: %v", err)
+			t.Errorf("uninstall the CRDs: %v", err)
 		}
 	})
 	warn := &warnings{}
@@ -46,7 +47,7 @@ func TestMetricsObjectsPassServerSideDryRun(t *testing.T) {
 	}
 	strict := []client.CreateOption{client.DryRunAll, client.FieldValidation("Strict")}
 
-	all := "metrics: {serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, labels: {release: kps}}, grafanaDashboard: {enabled: true, namespace: monitoring}}"
+	all := "metrics: {serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, labels: {release: kps}}, prometheusRule: {enabled: true, labels: {release: kps}}, grafanaDashboard: {enabled: true, namespace: monitoring}}"
 	sm := get(t, renderAPIs(t, all, monitoringAPI), "ServiceMonitor", "cube-node")
 	// The check itself works: the CRD's schema refuses an unknown field
 	// and a malformed interval.
@@ -96,6 +97,9 @@ func TestMetricsObjectsPassServerSideDryRun(t *testing.T) {
 			want := map[string]int{"all metrics": 2, "compute-only": 1, "metrics off": 0}[p.name]
 			if kinds["ServiceMonitor"] != want {
 				t.Errorf("%d ServiceMonitors, want %d", kinds["ServiceMonitor"], want)
+			}
+			if want := map[string]int{"all metrics": 1, "compute-only": 1, "metrics off": 0}[p.name]; kinds["PrometheusRule"] != want {
+				t.Errorf("%d PrometheusRules, want %d", kinds["PrometheusRule"], want)
 			}
 			t.Logf("%d objects accepted: %v", len(objs), kinds)
 		})

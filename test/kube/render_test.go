@@ -72,6 +72,7 @@ var policyOnly = map[string]string{
 	"server metrics":       "metrics: {server: {enabled: false, port: 9100}}",
 	"service monitors":     "metrics: {serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, labels: {release: kps}}}",
 	"grafana dashboard":    "metrics: {grafanaDashboard: {enabled: true, namespace: monitoring, labels: {a: b}, annotations: {c: d}}}",
+	"prometheus rule":      "metrics: {prometheusRule: {enabled: true, labels: {release: kps}}}",
 }
 
 func TestPolicyOnlyChangesKeepBigPodTemplate(t *testing.T) {
