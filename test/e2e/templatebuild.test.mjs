@@ -177,8 +177,52 @@ describe('template builds', { timeout: 900_000 }, () => {
     const listed = JSON.parse(stdout)
     assert.ok(listed.some((t) => t.templateID === name && t.aliases.includes(name)), stdout)
     assert.ok(!listed.some((t) => t.templateID.startsWith('buildcache-')), 'step cache templates are not listed')
+    // A template a running sandbox uses is not deleted (its files are the
+    // sandbox's root): 409 naming the sandbox, from the API and the CLI.
+    const sbx = await Sandbox.create(name, { timeoutMs: 120_000 })
+    try {
+      const del = await fetch(`${process.env.E2B_API_URL}/templates/${name}`, { method: 'DELETE', headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+      const body = await del.text()
+      assert.equal(del.status, 409, body)
+      assert.match(body, new RegExp(`used by sandboxes .*${sbx.sandboxId}`))
+      await assert.rejects(cli('template', 'delete', name, '-y'), /used by sandboxes|409/)
+      assert.equal(await Template.exists(name), true)
+      assert.equal((await sbx.commands.run('cat /etc/cli-marker')).stdout.trim(), RUN_ID)
+    } finally {
+      await killQuietly(sbx.sandboxId)
+    }
     await cli('template', 'delete', name, '-y')
     assert.equal(await Template.exists(name), false)
     await assert.rejects(cli('template', 'delete', `${name}-nope`, '-y'), /not found/i)
+  })
+
+  test('the e2b CLI builds a template from a Dockerfile', async () => {
+    const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: mkdtempSync(join(tmpdir(), 'cube-cli-home-')) }
+    const cli = (...args) => run(join(import.meta.dirname, 'node_modules', '.bin', 'e2b'), args, { env })
+    const name = `${NAME}-dockerfile`
+    const dir = mkdtempSync(join(tmpdir(), 'cube-tpl-df-'))
+    writeFileSync(join(dir, 'greeting.txt'), 'copied by the Dockerfile\n')
+    writeFileSync(join(dir, 'e2b.Dockerfile'), [
+      'FROM e2bdev/base',
+      `RUN echo ${RUN_ID} > /etc/df-marker`,
+      'COPY greeting.txt /home/user/greeting.txt',
+      'ENV DF_VAR=from-dockerfile',
+      'WORKDIR /home/user',
+      ''
+    ].join('\n'))
+    const { stdout } = await cli('template', 'create', name, '-p', dir, '-c', 'python3 -m http.server 8000', '--ready-cmd', READY)
+    assert.match(stdout, /e2b\.Dockerfile/)
+    assert.equal(await Template.exists(name), true)
+    const sbx = await Sandbox.create(name, { timeoutMs: 120_000 })
+    try {
+      const r = await sbx.commands.run('cat /etc/df-marker /home/user/greeting.txt; echo "$DF_VAR"; pwd')
+      assert.equal(r.stdout, `${RUN_ID}\ncopied by the Dockerfile\nfrom-dockerfile\n/home/user\n`)
+      // The start command (-c) listens: the create waited for the ready command.
+      const served = await sbx.commands.run(`bash -c 'exec 3<>/dev/tcp/127.0.0.1/8000 && echo open'`)
+      assert.equal(served.stdout.trim(), 'open')
+    } finally {
+      await killQuietly(sbx.sandboxId)
+    }
+    await cli('template', 'delete', name, '-y')
   })
 })
