@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -22,11 +24,15 @@ func addDataDirFlag(c *cobra.Command, dir *string) {
 	bindEnv(c.Flags(), "data-dir", "CUBE_DATA_DIR")
 }
 
+// noStartCmd as --start-cmd: the template starts no command, not even its
+// image's ENTRYPOINT and CMD.
+const noStartCmd = "none"
+
 func newTemplateCreateCmd() *cobra.Command {
-	var dataDir, fromDir, fromTar, fromImage, fromOCI string
+	var dataDir, fromDir, fromTar, fromImage, fromOCI, startCmd, readyCmd string
 	var insecure bool
 	var syscalls []string
-	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE | --from-image REF [--insecure-registry] | --from-oci DIR|TAR [--allow-syscall NAME ...]"
+	const usage = "usage: cube template create NAME --from-dir DIR | --from-tar FILE | --from-image REF [--insecure-registry] | --from-oci DIR|TAR [--start-cmd CMD [--ready-cmd CMD]] [--allow-syscall NAME ...]"
 	c := &cobra.Command{
 		Use:   "create NAME (--from-dir DIR | --from-tar FILE | --from-image REF | --from-oci DIR|TAR)",
 		Short: "register a root filesystem (a directory, a .tar/.tar.gz, or a container image) as template NAME",
@@ -35,9 +41,11 @@ func newTemplateCreateCmd() *cobra.Command {
   --from-tar FILE    a root filesystem tarball (.tar or .tar.gz)
   --from-image REF   a container image in a registry (docker config credentials; the host's platform)
   --from-oci PATH    an OCI image layout directory, or a docker save / OCI archive tarball
-An image's Env, WorkingDir and USER become the defaults of its sandboxes' processes;
-see docs/templates.md. --allow-syscall lets its sandboxes make a system call Cube's
-filter refuses (docs/security.md).`,
+An image's Env, WorkingDir and USER become the defaults of its sandboxes' processes,
+and its ENTRYPOINT and CMD the start command (--start-cmd none: none); see
+docs/templates.md. --start-cmd runs a command (sh -c) in every sandbox when it starts;
+a create then returns once --ready-cmd exits 0. --allow-syscall lets its sandboxes make
+a system call Cube's filter refuses (docs/security.md).`,
 		Args: exactArgs(1, usage),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n := 0
@@ -48,6 +56,10 @@ filter refuses (docs/security.md).`,
 			}
 			if n != 1 || (insecure && fromImage == "") {
 				return usageError{usage}
+			}
+			image := fromImage != "" || fromOCI != ""
+			if readyCmd != "" && (startCmd == noStartCmd || startCmd == "" && !image) {
+				return usageError{"--ready-cmd waits for a start command: give --start-cmd (an image's ENTRYPOINT and CMD are one)"}
 			}
 			// Checked first: a template registered with a typo would
 			// fail every create.
@@ -70,13 +82,40 @@ filter refuses (docs/security.md).`,
 			if err != nil {
 				return err
 			}
-			if len(syscalls) > 0 {
-				if t, err = reg.UpdateDefaults(cmd.Context(), t.Name, func(d *template.Defaults) { d.Syscalls = syscalls }); err != nil {
-					return err
+			// Start commands run through /bin/sh: an image without one
+			// (distroless, scratch) keeps its ENTRYPOINT and CMD unrun.
+			_, shErr := os.Lstat(filepath.Join(t.RootfsPath, "bin", "sh"))
+			var unrun string
+			t, err = reg.UpdateDefaults(cmd.Context(), t.Name, func(d *template.Defaults) {
+				d.Syscalls = syscalls
+				switch image := template.ImageStartCmd(d.Entrypoint, d.Cmd); {
+				case startCmd == noStartCmd:
+				case startCmd != "":
+					d.StartCmd = startCmd
+				case shErr == nil:
+					d.StartCmd = image
+				default:
+					unrun = image
 				}
+				if d.StartCmd != "" {
+					d.ReadyCmd = readyCmd
+				}
+			})
+			if err != nil {
+				return err
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "template %s registered (%s)\n", t.Name, t.Digest)
+			if d := t.Defaults; d.StartCmd != "" {
+				fmt.Fprintf(out, "start command: %s\n", d.StartCmd)
+				if d.ReadyCmd != "" {
+					fmt.Fprintf(out, "ready command: %s\n", d.ReadyCmd)
+				}
+			} else if unrun != "" {
+				fmt.Fprintf(out, "note: the image has no /bin/sh to run its ENTRYPOINT and CMD (%s) as the start command; sandboxes start none (give --start-cmd)\n", unrun)
+			} else if readyCmd != "" {
+				fmt.Fprintf(out, "note: the image has no ENTRYPOINT or CMD, so no start command; --ready-cmd is not used\n")
+			}
 			if len(syscalls) > 0 {
 				fmt.Fprintf(out, "its sandboxes may also call: %s\n", strings.Join(syscalls, ", "))
 			}
@@ -92,6 +131,8 @@ filter refuses (docs/security.md).`,
 	c.Flags().StringVar(&fromImage, "from-image", "", "register a container image from a registry (e.g. docker.io/library/alpine:3.20)")
 	c.Flags().StringVar(&fromOCI, "from-oci", "", "register a container image from an OCI layout directory or a docker save / OCI archive tarball")
 	c.Flags().BoolVar(&insecure, "insecure-registry", false, "allow plain HTTP to the --from-image registry")
+	c.Flags().StringVar(&startCmd, "start-cmd", "", "run this command (sh -c) in every sandbox when it starts; default for an image: its ENTRYPOINT and CMD; none: no start command")
+	c.Flags().StringVar(&readyCmd, "ready-cmd", "", "with a start command: a create returns once this command exits 0 (within 60 s)")
 	c.Flags().StringSliceVar(&syscalls, "allow-syscall", nil, "a system call its sandboxes may make beyond Cube's allowlist, unconditionally (repeatable or comma-separated; docs/security.md)")
 	return c
 }

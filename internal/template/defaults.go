@@ -134,3 +134,23 @@ func ParseDefaults(raw []byte) (*Defaults, error) {
 	}
 	return &d, nil
 }
+
+// ImageStartCmd is the shell command (sh -c) that runs an image's
+// ENTRYPOINT followed by its CMD, each argument quoted for the shell, as
+// a container runtime would exec them; "" when the image has neither.
+func ImageStartCmd(entrypoint, cmd []string) string {
+	args := append(append([]string(nil), entrypoint...), cmd...)
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = shellQuote(a)
+	}
+	return strings.Join(quoted, " ")
+}
+
+// shellQuote returns s as one word of a POSIX shell command.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:=@%+,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
