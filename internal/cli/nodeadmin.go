@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -142,21 +141,14 @@ func followDrain(ctx context.Context, c adminClient, id string, out io.Writer) e
 type adminClient struct{ base, key string }
 
 func (c adminClient) do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("X-API-Key", c.key)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
+	res, err := cluster.SendAdmin(ctx, http.DefaultClient, c.base, c.key, method, path, b)
 	if err != nil {
 		return fmt.Errorf("reach server: %w", err)
 	}

@@ -18,7 +18,9 @@ type DrainRequest struct {
 	DeadlineSeconds int         `json:"deadlineSeconds,omitempty"`
 }
 
-// NewAdminHandler serves the node administration API used by `cube node`:
+// NewAdminHandler serves the node administration API used by `cube node`
+// (mounted by MountAdmin under AdminPrefix, and at the root for clients
+// older than it):
 //
 //	GET    /nodes                    list (JSON array of NodeStatus)
 //	GET    /nodes/{id}
@@ -92,6 +94,7 @@ func NewAdminHandler(r *Registry, keys KeyVerifier) http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set(AdminHeader, "v1")
 		key := req.Header.Get("X-API-Key")
 		if key == "" {
 			key, _ = strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")

@@ -1,7 +1,6 @@
 package nodecontroller
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -102,23 +101,14 @@ func (c *HTTPCube) Delete(ctx context.Context, id string, force bool) error {
 func nodePath(id string) string { return "/nodes/" + url.PathEscape(id) }
 
 func (c *HTTPCube) do(ctx context.Context, method, path string, body, out any) error {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return fmt.Errorf("encode %s %s: %w", method, path, err)
 		}
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return fmt.Errorf("cube %s %s: %v: %w", method, path, err, errdefs.ErrInvalidArgument)
-	}
-	req.Header.Set("X-API-Key", c.key)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	res, err := c.hc.Do(req)
+	res, err := cluster.SendAdmin(ctx, c.hc, c.base, c.key, method, path, b)
 	if err != nil {
 		return fmt.Errorf("cube %s %s: %v: %w", method, path, err, errdefs.ErrUnavailable)
 	}

@@ -204,8 +204,7 @@ func RunAllInOne(ctx context.Context, cfg AllInOneConfig) error {
 
 	mux := http.NewServeMux()
 	admin := cluster.NewAdminHandler(reg, st)
-	mux.Handle("/nodes", admin)
-	mux.Handle("/nodes/", admin)
+	cluster.MountAdmin(mux, admin)
 	builds, err := newTemplateBuilds(ctx, cfg.DataDir, st, buildSandboxes{m: m, reg: reg, dial: node.DialContext},
 		templatebuild.RegistryTemplates{Registry: templates}, templates, nil, cfg.InsecureRegistries, metrics, log)
 	if err != nil {

@@ -127,8 +127,7 @@ func RunServer(ctx context.Context, cfg ServerConfig) error {
 		mux.Handle(path, h)
 		quiet = append(quiet, path) // node heartbeats
 		admin := cluster.NewAdminHandler(reg, st)
-		mux.Handle("/nodes", admin)
-		mux.Handle("/nodes/", admin)
+		cluster.MountAdmin(mux, admin)
 		templatedist.Mount(mux, templatedist.NewHandler(templates, st, st))
 	}
 	if hasRole(cfg.Roles, "api") {
