@@ -1,6 +1,8 @@
 // Shared helpers for the e2e suite. The suite talks to a live Cube through the
 // official e2b SDK; run.sh starts Cube and sets these variables.
-import { appendFileSync } from 'node:fs'
+import { appendFileSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { Sandbox } from 'e2b'
 
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
@@ -78,4 +80,16 @@ export async function sweep () {
   } catch (err) {
     console.error(`cleanup sweep: ${err}`)
   }
+  for (const dir of tempDirs.splice(0)) {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+const tempDirs = []
+
+/** A new directory under the OS temp dir, removed by sweep(). */
+export function tempDir (prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix))
+  tempDirs.push(dir)
+  return dir
 }

@@ -3,18 +3,16 @@
 // lines (process starts and ends) and the node's lifecycle lines, also after
 // the sandbox died. The SDK (e2b 2.51.0) has no sandbox-logs call.
 import { execFile } from 'node:child_process'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { after, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { createSandbox, killQuietly, sweep, waitFor } from './helpers.mjs'
+import { createSandbox, killQuietly, sweep, tempDir, waitFor } from './helpers.mjs'
 
 after(sweep)
 
 const run = promisify(execFile)
-const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: mkdtempSync(join(tmpdir(), 'cube-cli-home-')) }
+const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: tempDir('cube-cli-home-') }
 const cli = (...args) => run(join(import.meta.dirname, 'node_modules', '.bin', 'e2b'), args, { env })
 // util.inspect in the CLI's pretty format colours its output even in a pipe.
 // eslint-disable-next-line no-control-regex

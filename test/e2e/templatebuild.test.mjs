@@ -3,14 +3,13 @@
 // Cube sandbox of the parent template, which the node commits as the new
 // template (internal/templatebuild, internal/cubelet/commit.go).
 import { execFile } from 'node:child_process'
-import { mkdirSync, mkdtempSync, writeFileSync, chmodSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { mkdirSync, writeFileSync, chmodSync } from 'node:fs'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { BuildError, Sandbox, Template } from 'e2b'
-import { RUN_ID, killQuietly, newSandbox, sweep } from './helpers.mjs'
+import { RUN_ID, killQuietly, newSandbox, sweep, tempDir } from './helpers.mjs'
 
 after(sweep)
 
@@ -21,7 +20,7 @@ const READY = "bash -c 'exec 3<>/dev/tcp/127.0.0.1/8000'"
 
 /** A context dir with a file and a directory tree to copy. */
 function contextDir () {
-  const dir = mkdtempSync(join(tmpdir(), 'cube-tpl-ctx-'))
+  const dir = tempDir('cube-tpl-ctx-')
   writeFileSync(join(dir, 'hello.txt'), 'hello from the build context\n')
   mkdirSync(join(dir, 'app', 'sub'), { recursive: true })
   writeFileSync(join(dir, 'app', 'main.py'), 'print("main")\n')
@@ -169,7 +168,7 @@ describe('template builds', { timeout: 900_000 }, () => {
   })
 
   test('the e2b CLI lists and deletes templates', async () => {
-    const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: mkdtempSync(join(tmpdir(), 'cube-cli-home-')) }
+    const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: tempDir('cube-cli-home-') }
     const cli = (...args) => run(join(import.meta.dirname, 'node_modules', '.bin', 'e2b'), args, { env })
     const name = `${NAME}-cli`
     await Template.build(Template().fromTemplate('base').runCmd(`echo ${RUN_ID} > /etc/cli-marker`, { user: 'root' }), name)
@@ -197,10 +196,10 @@ describe('template builds', { timeout: 900_000 }, () => {
   })
 
   test('the e2b CLI builds a template from a Dockerfile', async () => {
-    const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: mkdtempSync(join(tmpdir(), 'cube-cli-home-')) }
+    const env = { ...process.env, NO_UPDATE_NOTIFIER: '1', HOME: tempDir('cube-cli-home-') }
     const cli = (...args) => run(join(import.meta.dirname, 'node_modules', '.bin', 'e2b'), args, { env })
     const name = `${NAME}-dockerfile`
-    const dir = mkdtempSync(join(tmpdir(), 'cube-tpl-df-'))
+    const dir = tempDir('cube-tpl-df-')
     writeFileSync(join(dir, 'greeting.txt'), 'copied by the Dockerfile\n')
     writeFileSync(join(dir, 'e2b.Dockerfile'), [
       'FROM e2bdev/base',
