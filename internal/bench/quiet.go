@@ -10,10 +10,10 @@ import (
 )
 
 // waitQuiet waits until the machine's CPUs were at least 80% idle in each
-// of quietWindows consecutive quarter seconds, or max has passed: a fresh Cube fills its warm pool
-// after start and after a fill, and a probe timed meanwhile measures that
-// work, not the create (the density phase's creates at 0 and at N resident
-// are compared with each other).
+// of quietWindows consecutive quarter seconds, or max has passed: a fresh
+// Cube fills its warm pool after start and after a fill, and a probe timed
+// meanwhile measures that work, not the create (the density phase's
+// creates at 0 and at N resident are compared with each other).
 func waitQuiet(ctx context.Context, max time.Duration) {
 	deadline := time.Now().Add(max)
 	prevIdle, prevTotal, err := cpuTimes()

@@ -88,14 +88,14 @@ a system call Cube's filter refuses (docs/security.md).`,
 			var unrun string
 			t, err = reg.UpdateDefaults(cmd.Context(), t.Name, func(d *template.Defaults) {
 				d.Syscalls = syscalls
-				switch image := template.ImageStartCmd(d.Entrypoint, d.Cmd); {
+				switch imageCmd := template.ImageStartCmd(d.Entrypoint, d.Cmd); {
 				case startCmd == noStartCmd:
 				case startCmd != "":
 					d.StartCmd = startCmd
 				case shErr == nil:
-					d.StartCmd = image
+					d.StartCmd = imageCmd
 				default:
-					unrun = image
+					unrun = imageCmd
 				}
 				if d.StartCmd != "" {
 					d.ReadyCmd = readyCmd

@@ -184,10 +184,9 @@ func TestWarmPoolExhaustionMetrics(t *testing.T) {
 	if hits < 2 || misses < 1 || hits+misses != creates {
 		t.Fatalf("pool hits %v, misses %v after %d creates against 2 ready slots", hits, misses, creates)
 	}
-	warm := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "prestarted", "template", "base")
-	if pool := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "pool", "template", "base"); pool > 0 {
-		warm += pool
-	}
+	// Value is -1 for a path with no series yet.
+	warm := max(0, m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "prestarted", "template", "base")) +
+		max(0, m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "pool", "template", "base"))
 	if cold := m.Value("cube_cubelet_sandbox_create_duration_seconds", "path", "cold", "template", "base"); warm != hits || cold != misses {
 		t.Errorf("creates by path: warm %v, cold %v; want %v and %v (the hits and misses)", warm, cold, hits, misses)
 	}

@@ -69,9 +69,9 @@ func newNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := make([]byte, 4)
+	raw := make([]byte, 3)
 	rand.Read(raw)
-	tag := hex.EncodeToString(raw[:3])
+	tag := hex.EncodeToString(raw)
 	octet := proctest.FreeOctet(t, 20, 219, func(o int) []netip.Prefix {
 		return []netip.Prefix{integrationTransit(o), integrationNodeCIDR(o)}
 	})
