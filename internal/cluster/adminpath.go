@@ -37,31 +37,27 @@ func SendAdmin(ctx context.Context, hc *http.Client, base, key, method, path str
 	if !strings.HasPrefix(path, "/nodes") {
 		return nil, fmt.Errorf("admin path %q: not under /nodes", path)
 	}
-	var res *http.Response
-	for _, p := range []string{AdminPrefix + path, path} {
-		var rd io.Reader
-		if body != nil {
-			rd = bytes.NewReader(body)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, base+p, rd)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("X-API-Key", key)
-		if body != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		if res, err = hc.Do(req); err != nil {
-			return nil, err
-		}
-		if res.StatusCode != http.StatusNotFound || res.Header.Get(AdminHeader) != "" {
-			return res, nil
-		}
-		if p == path {
-			break
-		}
-		io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
-		res.Body.Close()
+	res, err := sendAdmin(ctx, hc, base+AdminPrefix+path, key, method, body)
+	if err != nil || res.StatusCode != http.StatusNotFound || res.Header.Get(AdminHeader) != "" {
+		return res, err
 	}
-	return res, nil
+	io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
+	res.Body.Close()
+	return sendAdmin(ctx, hc, base+path, key, method, body)
+}
+
+func sendAdmin(ctx context.Context, hc *http.Client, url, key, method string, body []byte) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return hc.Do(req)
 }
