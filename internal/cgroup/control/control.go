@@ -94,6 +94,9 @@ func (g Group) setFrozen(ctx context.Context, frozen bool) error {
 	if dir == "" {
 		return fmt.Errorf("cgroup v1 freezer is not mounted: %w", errdefs.ErrUnavailable)
 	}
+	if !g.V2 && frozen {
+		return freezeV1(ctx, dir)
+	}
 	var file, value, want string
 	if g.V2 {
 		file, value = "cgroup.freeze", "0"
@@ -129,6 +132,52 @@ func (g Group) setFrozen(ctx context.Context, frozen bool) error {
 		}
 		return strings.Contains(string(b), want), nil
 	})
+}
+
+// freezeV1 freezes a v1 freezer cgroup. One write of FROZEN is not enough
+// there: while the cgroup's tasks fork, the kernel can leave it FREEZING
+// for good (a child born during the walk is missed). Each new write walks
+// the tasks again, so Freeze writes FROZEN, gives the kernel a moment, and
+// writes again; every few attempts it thaws first, which lets tasks stuck
+// on the way to the refrigerator (in a vfork, say) run out of it.
+func freezeV1(ctx context.Context, dir string) error {
+	state := filepath.Join(dir, "freezer.state")
+	write := func(value string) error {
+		if err := WriteFile(state, []byte(value)); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("cgroup %s: %w", dir, errdefs.ErrNotFound)
+			}
+			return fmt.Errorf("write freezer.state=%s in %s: %w", value, dir, err)
+		}
+		return nil
+	}
+	for attempt := 1; ; attempt++ {
+		if attempt%10 == 0 {
+			if err := write("THAWED"); err != nil {
+				return err
+			}
+		}
+		if err := write("FROZEN"); err != nil {
+			return err
+		}
+		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		err := PollUntil(actx, func() (bool, error) {
+			b, err := os.ReadFile(state)
+			if err != nil {
+				return false, fmt.Errorf("read freezer.state in %s: %w", dir, err)
+			}
+			return strings.TrimSpace(string(b)) == "FROZEN", nil
+		})
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("freeze %s after %d attempts: %w", dir, attempt, err)
+		case actx.Err() == nil: // reading the state failed
+			return err
+		}
+	}
 }
 
 // Kill SIGKILLs every process in the cgroup and waits until it is empty
