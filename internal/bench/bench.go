@@ -26,7 +26,9 @@ var Phases = []string{"floor", "serial", "metrics", "concurrent", "sdk", "memory
 type Config struct {
 	Server, APIKey, Template string
 	NSerial, NConcurrent     int
-	Concurrency              int
+	// NBackToBack is creates in bursts with no pause between them (0: none).
+	NBackToBack int
+	Concurrency int
 	// MetricsURL is the measured Cube's /metrics (its --metrics-listen);
 	// the metrics phase runs MetricsN serial creates without and
 	// MetricsN with a scraper of it every MetricsEvery. "": no phase.
@@ -77,12 +79,18 @@ type Machine struct {
 
 // Result is everything one run measured; absent phases are nil.
 type Result struct {
-	Machine        Machine       `json:"machine"`
-	Server         string        `json:"server"`
-	Template       string        `json:"template"`
-	Floor          *FloorResult  `json:"floor,omitempty"`
-	RESTSerial     *CreateResult `json:"restSerial,omitempty"`
+	Machine    Machine       `json:"machine"`
+	Server     string        `json:"server"`
+	Template   string        `json:"template"`
+	Floor      *FloorResult  `json:"floor,omitempty"`
+	RESTSerial *CreateResult `json:"restSerial,omitempty"`
+	// RESTConcurrent is bursts of concurrent creates, each on a node that
+	// has settled after the one before (what an agent framework's burst
+	// meets); RESTBackToBack the same bursts with no pause between them
+	// (sustained throughput: the burst competes with the last one's
+	// teardown and the pool's refill).
 	RESTConcurrent *CreateResult `json:"restConcurrent,omitempty"`
+	RESTBackToBack *CreateResult `json:"restBackToBack,omitempty"`
 	// ScrapeCost is the metrics phase: serial creates with /metrics
 	// scraped and not.
 	ScrapeCost *ScrapeCostResult `json:"scrapeCost,omitempty"`
@@ -140,8 +148,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if cfg.enabled("concurrent") && cfg.NConcurrent > 0 {
 		log.Info("phase concurrent", "n", cfg.NConcurrent, "concurrency", cfg.Concurrency)
-		r := RunBursts(ctx, c, cfg.NConcurrent, cfg.Concurrency)
+		settle := func(ctx context.Context) { waitQuiet(ctx, settleMax) }
+		r := RunBursts(ctx, c, cfg.NConcurrent, cfg.Concurrency, settle)
 		res.RESTConcurrent = &r
+		if cfg.NBackToBack > 0 {
+			waitQuiet(ctx, settleMax)
+			log.Info("phase concurrent, back to back", "n", cfg.NBackToBack, "concurrency", cfg.Concurrency)
+			r := RunBursts(ctx, c, cfg.NBackToBack, cfg.Concurrency, nil)
+			res.RESTBackToBack = &r
+		}
 	}
 	if cfg.enabled("sdk") && cfg.SDKSerial+cfg.SDKConcurrent > 0 {
 		log.Info("phase sdk", "serial", cfg.SDKSerial, "concurrent", cfg.SDKConcurrent)
@@ -191,6 +206,9 @@ func ratios(r Result) map[string]float64 {
 	}
 	if r.RESTConcurrent != nil {
 		add("restConcurrent", r.RESTConcurrent.Create, r.Floor.Concurrent)
+	}
+	if r.RESTBackToBack != nil {
+		add("restBackToBack", r.RESTBackToBack.Create, r.Floor.Concurrent)
 	}
 	if r.SDK != nil && r.SDK.Error == "" {
 		add("sdkSerial", r.SDK.Serial.Total, r.Floor.Serial)

@@ -51,11 +51,18 @@ func serialCreates(ctx context.Context, c *Client, n int, create, kill *Samples)
 // RunBursts creates n sandboxes in bursts of conc simultaneous creates; after
 // each burst the created sandboxes are killed, conc at a time, timing each
 // kill. Each create's latency is measured from the burst's common start.
-func RunBursts(ctx context.Context, c *Client, n, conc int) CreateResult {
+// When settle is not nil it is called before each burst: the node's own
+// work after the last burst (tearing sandboxes down, refilling the warm
+// pool) then is not in the burst's way. Without it the bursts come back to
+// back, and the run measures sustained throughput instead.
+func RunBursts(ctx context.Context, c *Client, n, conc int, settle func(context.Context)) CreateResult {
 	var create, kill Samples
 	start := time.Now()
 	var busy time.Duration
 	for done := 0; done < n && ctx.Err() == nil; {
+		if settle != nil {
+			settle(ctx)
+		}
 		k := min(conc, n-done)
 		ids := make([]string, k)
 		var wg sync.WaitGroup

@@ -41,6 +41,10 @@ func waitQuiet(ctx context.Context, max time.Duration) {
 // a warm pool fills in steps, with pauses shorter than a second.
 const quietWindows = 4
 
+// settleMax bounds the wait for a quiet machine before each burst of the
+// concurrent phase: a node that never settles still gets measured.
+const settleMax = 30 * time.Second
+
 // cpuTimes returns the idle (idle + iowait) and total jiffies of all CPUs
 // from /proc/stat.
 func cpuTimes() (idle, total uint64, err error) {

@@ -38,6 +38,10 @@ func WriteTable(w io.Writer, r Result) error {
 		row(fmt.Sprintf("REST create->ready, %d concurrent", c.Concurrency), c.Create, fc)
 		row(fmt.Sprintf("REST kill, %d concurrent", c.Concurrency), c.Kill, nil)
 	}
+	if c := r.RESTBackToBack; c != nil {
+		row(fmt.Sprintf("REST create->ready, %d concurrent, back to back", c.Concurrency), c.Create, fc)
+		row(fmt.Sprintf("REST kill, %d concurrent, back to back", c.Concurrency), c.Kill, nil)
+	}
 	if s := r.SDK; s != nil && s.Error == "" {
 		row("SDK create, serial", s.Serial.Create, fs)
 		row("SDK create->first run('true'), serial", s.Serial.Total, fs)
@@ -134,6 +138,10 @@ func notes(r Result) []string {
 	if c := r.RESTConcurrent; c != nil {
 		add("REST concurrent create", c.Create)
 		add("REST concurrent kill", c.Kill)
+	}
+	if c := r.RESTBackToBack; c != nil {
+		add("REST back-to-back create", c.Create)
+		add("REST back-to-back kill", c.Kill)
 	}
 	if s := r.SDK; s != nil {
 		if s.Error != "" {
