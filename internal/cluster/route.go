@@ -11,6 +11,7 @@ import (
 	"github.com/cube-dev/cube/internal/master"
 	"github.com/cube-dev/cube/internal/nodeapi"
 	"github.com/cube-dev/cube/internal/nodeproto"
+	"github.com/cube-dev/cube/internal/store"
 )
 
 var (
@@ -161,35 +162,41 @@ func (r *Registry) CreateSandbox(ctx context.Context, req nodeproto.CreateReques
 	return sb, nil
 }
 
-// nodeOf finds the node running a sandbox.
-func (r *Registry) nodeOf(ctx context.Context, sandboxID string) (*node, error) {
+// nodeOf finds the node running a sandbox, and the sandbox's record.
+func (r *Registry) nodeOf(ctx context.Context, sandboxID string) (*node, store.Sandbox, error) {
 	sb, err := r.index.GetSandbox(ctx, sandboxID)
 	if err != nil {
-		return nil, err
+		return nil, sb, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n, ok := r.nodes[sb.NodeID]
 	if !ok {
-		return nil, fmt.Errorf("sandbox %s is on unknown node %q: %w", sandboxID, sb.NodeID, errdefs.ErrNotFound)
+		return nil, sb, fmt.Errorf("sandbox %s is on unknown node %q: %w", sandboxID, sb.NodeID, errdefs.ErrNotFound)
 	}
-	return n, nil
+	return n, sb, nil
 }
 
 // liveClient returns the client of the sandbox's node, or ErrUnavailable
 // when that node is Down.
 func (r *Registry) liveClient(ctx context.Context, sandboxID string) (*node, *nodeapi.Client, error) {
-	n, err := r.nodeOf(ctx, sandboxID)
+	n, _, cl, err := r.liveSandbox(ctx, sandboxID)
+	return n, cl, err
+}
+
+// liveSandbox is liveClient that also returns the sandbox's record.
+func (r *Registry) liveSandbox(ctx context.Context, sandboxID string) (*node, store.Sandbox, *nodeapi.Client, error) {
+	n, sb, err := r.nodeOf(ctx, sandboxID)
 	if err != nil {
-		return nil, nil, err
+		return nil, sb, nil, err
 	}
 	r.mu.Lock()
 	down, cl := n.down, n.client
 	r.mu.Unlock()
 	if down {
-		return n, nil, fmt.Errorf("node %s of sandbox %s is down: %w", n.rec.ID, sandboxID, errdefs.ErrUnavailable)
+		return n, sb, nil, fmt.Errorf("node %s of sandbox %s is down: %w", n.rec.ID, sandboxID, errdefs.ErrUnavailable)
 	}
-	return n, cl, nil
+	return n, sb, cl, nil
 }
 
 // KillSandbox kills a sandbox on its node. A sandbox on a Down node is
@@ -202,7 +209,7 @@ func (r *Registry) KillSandbox(ctx context.Context, id string) error {
 	delete(r.recent, id)
 	delete(r.holds, id)
 	r.mu.Unlock()
-	n, cl, err := r.liveClient(ctx, id)
+	n, sb, cl, err := r.liveSandbox(ctx, id)
 	if err != nil {
 		if n != nil {
 			return nil
@@ -212,7 +219,16 @@ func (r *Registry) KillSandbox(ctx context.Context, id string) error {
 	if err := r.call(ctx, n, cl, func(cl *nodeapi.Client) error { return cl.KillSandbox(ctx, id) }); err != nil {
 		return err
 	}
-	return r.recount(ctx)
+	// Its capacity is free now: the master deletes the record next, and
+	// a create right after this kill must not find the node full. (A full
+	// recount here would read the whole sandbox table, the record still
+	// in it, on every kill; heartbeats recount from the table anyway.)
+	r.mu.Lock()
+	n.usedCPU = max(n.usedCPU-sb.CPUCount, 0)
+	n.usedMemMB = max(n.usedMemMB-int64(sb.MemoryMB), 0)
+	n.count = max(n.count-1, 0)
+	r.mu.Unlock()
+	return nil
 }
 
 // SandboxAddr returns node data IP : host port for a sandbox's guest port.
