@@ -77,11 +77,11 @@ func (d *Dataplane) Attach(ctx context.Context, owner string, ip netip.Addr) (_ 
 	}
 	defer sb.Close()
 
-	link, peer, err := d.ensureSandboxVeth(owner, sbNS, sb)
+	link, peer, made, err := d.ensureSandboxVeth(owner, sbNS, sb)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
 	}
-	if err := d.configureDPSide(link, ip); err != nil {
+	if err := d.configureDPSide(link, ip, made); err != nil {
 		return Endpoint{}, fmt.Errorf("attach %s: %w", owner, err)
 	}
 	if err := d.configureSandboxSide(sb, peer, ip); err != nil {
@@ -121,31 +121,31 @@ func (d *Dataplane) pinNeighbours(sb *netlink.Handle, link, peer netlink.Link, i
 }
 
 // ensureSandboxVeth returns the owner's veth pair (dataplane end, sandbox
-// end), creating it or replacing half of a pair.
-func (d *Dataplane) ensureSandboxVeth(owner string, sbNS netns.NsHandle, sb *netlink.Handle) (netlink.Link, netlink.Link, error) {
+// end), creating it or replacing half of a pair; made reports a new pair.
+func (d *Dataplane) ensureSandboxVeth(owner string, sbNS netns.NsHandle, sb *netlink.Handle) (link, peer netlink.Link, made bool, err error) {
 	name := LinkName(owner)
 	link, lerr := d.dp.LinkByName(name)
 	if lerr != nil && !isNotFound(lerr) {
-		return nil, nil, fmt.Errorf("look up %s: %w", name, lerr)
+		return nil, nil, false, fmt.Errorf("look up %s: %w", name, lerr)
 	}
 	peer, perr := sb.LinkByName(sandboxIfName)
 	if perr != nil && !isNotFound(perr) {
-		return nil, nil, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, perr)
+		return nil, nil, false, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, perr)
 	}
 	if link != nil && link.Attrs().Alias != owner {
-		return nil, nil, fmt.Errorf("link %s belongs to %q: %w", name, link.Attrs().Alias, errdefs.ErrConflict)
+		return nil, nil, false, fmt.Errorf("link %s belongs to %q: %w", name, link.Attrs().Alias, errdefs.ErrConflict)
 	}
 	if link != nil && peer != nil && link.Attrs().ParentIndex == peer.Attrs().Index {
-		return link, peer, nil
+		return link, peer, false, nil
 	}
 	if link != nil {
 		if err := d.dp.LinkDel(link); err != nil && !isNotFound(err) {
-			return nil, nil, fmt.Errorf("delete stale %s: %w", name, err)
+			return nil, nil, false, fmt.Errorf("delete stale %s: %w", name, err)
 		}
 	}
 	if peer != nil {
 		if err := sb.LinkDel(peer); err != nil && !isNotFound(err) {
-			return nil, nil, fmt.Errorf("delete stale sandbox %s: %w", sandboxIfName, err)
+			return nil, nil, false, fmt.Errorf("delete stale sandbox %s: %w", sandboxIfName, err)
 		}
 	}
 	veth := &netlink.Veth{
@@ -155,30 +155,36 @@ func (d *Dataplane) ensureSandboxVeth(owner string, sbNS netns.NsHandle, sb *net
 		PeerMTU:       uint32(d.mtu),
 	}
 	if err := d.dp.LinkAdd(veth); err != nil {
-		return nil, nil, fmt.Errorf("create veth %s: %w", name, err)
+		return nil, nil, false, fmt.Errorf("create veth %s: %w", name, err)
 	}
-	link, err := d.dp.LinkByName(name)
+	link, err = d.dp.LinkByName(name)
 	if err != nil {
-		return nil, nil, fmt.Errorf("look up %s: %w", name, err)
+		return nil, nil, false, fmt.Errorf("look up %s: %w", name, err)
 	}
 	if err := d.dp.LinkSetAlias(link, owner); err != nil {
-		return nil, nil, fmt.Errorf("set alias on %s: %w", name, err)
+		return nil, nil, false, fmt.Errorf("set alias on %s: %w", name, err)
 	}
 	if peer, err = sb.LinkByName(sandboxIfName); err != nil {
-		return nil, nil, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, err)
+		return nil, nil, false, fmt.Errorf("look up sandbox %s: %w", sandboxIfName, err)
 	}
-	return link, peer, nil
+	return link, peer, true, nil
 }
 
 // configureDPSide brings the dataplane end up with a /32 route to ip and no
-// route to anything else.
-func (d *Dataplane) configureDPSide(link netlink.Link, ip netip.Addr) error {
+// route to anything else. A link just made has no routes to remove: the
+// listing is skipped then, since the kernel dumps every route of the
+// dataplane namespace (one per sandbox) for it.
+func (d *Dataplane) configureDPSide(link netlink.Link, ip netip.Addr, made bool) error {
 	if err := d.dp.LinkSetUp(link); err != nil {
 		return fmt.Errorf("set %s up: %w", link.Attrs().Name, err)
 	}
-	routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(link, netlink.FAMILY_V4) })
-	if err != nil {
-		return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
+	var routes []netlink.Route
+	if !made {
+		var err error
+		routes, err = nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(link, netlink.FAMILY_V4) })
+		if err != nil {
+			return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
+		}
 	}
 	want := hostIPNet(ip)
 	for _, r := range routes {

@@ -1,0 +1,57 @@
+package cubevs
+
+import (
+	"net"
+	"slices"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/cube-dev/cube/internal/nldump"
+)
+
+// Attach again (a repair) removes routes that do not belong on the
+// sandbox's link and keeps its own /32. A first Attach makes the link and
+// has nothing to clean: it does not list the namespace's routes.
+func TestAttachRepairRemovesStrayRoutes(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	ip := cfg.NodeCIDR.Addr().Next().Next()
+	stray := ip.Next()
+	ep, err := d.Attach(ctx, "sbx-route", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Detach(ctx, ep.Owner) })
+	link, err := d.dp.LinkByName(ep.LinkName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsts := func() []string {
+		routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(link, netlink.FAMILY_V4) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range routes {
+			out = append(out, r.Dst.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := dsts(), []string{ip.String() + "/32"}; !slices.Equal(got, want) {
+		t.Fatalf("routes on a new link: %v, want %v", got, want)
+	}
+	if err := d.dp.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: &net.IPNet{IP: stray.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Attach(ctx, ep.Owner, ip); err != nil {
+		t.Fatalf("Attach again: %v", err)
+	}
+	if got, want := dsts(), []string{ip.String() + "/32"}; !slices.Equal(got, want) {
+		t.Fatalf("routes after the repair: %v, want %v", got, want)
+	}
+}
