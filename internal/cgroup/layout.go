@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/cube-dev/cube/internal/errdefs"
 	"github.com/cube-dev/cube/internal/mountinfo"
@@ -48,14 +50,26 @@ type Layout struct {
 // v1 hierarchies carry the memory controller is V1 even if a cgroup2
 // hierarchy is mounted too (systemd's hybrid mode); otherwise a cgroup2 mount
 // makes it V2.
+//
+// The file is read once per process: its text grows with every mount of
+// the namespace (a netns pin per sandbox), so reading it on each create
+// cost a node with 2000 sandboxes more CPU than the rest of the create's
+// own work. Hierarchies are mounted at boot; a process outliving a change
+// of them (not something hosts do) keeps the layout it started with.
 func DetectLayout() (Layout, error) {
+	l, err := detectedLayout()
+	l.V1 = maps.Clone(l.V1) // callers own their copy
+	return l, err
+}
+
+var detectedLayout = sync.OnceValues(func() (Layout, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return Layout{}, fmt.Errorf("detect cgroup layout: %w", err)
 	}
 	defer f.Close()
 	return ParseMountinfo(f)
-}
+})
 
 // ParseMountinfo decides the layout from the text of a mountinfo file.
 func ParseMountinfo(r io.Reader) (Layout, error) {

@@ -262,3 +262,23 @@ func TestParseMountinfoCostDoesNotGrowWithMounts(t *testing.T) {
 		t.Fatalf("allocations: %.0f with 1 sandbox mount, %.0f with 5000", few, many)
 	}
 }
+
+// DetectLayout hands out its own copy of the layout it read once: a caller
+// changing its map does not change what the next caller gets.
+func TestDetectLayoutReturnsACopy(t *testing.T) {
+	l1, err := DetectLayout()
+	if err != nil {
+		t.Skipf("no layout here: %v", err)
+	}
+	l1.V1["not-a-controller"] = "/nowhere"
+	l2, err := DetectLayout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l2.V1["not-a-controller"]; ok {
+		t.Fatal("a caller's change reached the next caller")
+	}
+	if l2.Version != l1.Version || l2.Unified != l1.Unified {
+		t.Fatalf("layout changed between calls: %+v, %+v", l1, l2)
+	}
+}
