@@ -38,12 +38,12 @@ var requiredControllers = []string{"memory", "pids", "cpu"}
 
 // Layout says where the cgroup hierarchies are mounted on a host.
 type Layout struct {
-	Version Version
+	Version Version `json:"version"`
 	// V1 maps a v1 controller ("memory", "cpu", ..., or "name=systemd" for a
 	// named hierarchy) to the mount point of its hierarchy.
-	V1 map[string]string
+	V1 map[string]string `json:"v1,omitempty"`
 	// Unified is the mount point of the cgroup2 hierarchy, "" if there is none.
-	Unified string
+	Unified string `json:"unified,omitempty"`
 }
 
 // DetectLayout reads /proc/self/mountinfo and decides the layout. A host whose

@@ -127,7 +127,7 @@ func launch(ctx context.Context, stateDir string) (_ shim.Workload, err error) {
 			return nil, fmt.Errorf("move shim out of the agent's cgroup: %w", err)
 		}
 	}
-	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
+	cg, err := spec.openCgroup()
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,14 @@ func StartIn(ctx context.Context, ns *mountns.NS, exe string, spec Spec) (_ *San
 		c.Close()
 		return nil, fmt.Errorf("sandbox %s: a shim is already running in %s: %w", spec.ID, spec.StateDir, errdefs.ErrAlreadyExists)
 	}
-	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
+	if ns == nil { // the shim sees the mounts this process sees
+		l, err := cgroup.DetectLayout()
+		if err != nil {
+			return nil, err
+		}
+		spec.CgroupLayout = &l
+	}
+	cg, err := spec.openCgroup()
 	if err != nil {
 		return nil, err
 	}

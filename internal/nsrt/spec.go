@@ -70,7 +70,12 @@ type Spec struct {
 	Files        map[string]FileSpec `json:"files,omitempty"`
 	Resources    cgroup.Resources    `json:"resources"`
 	CgroupParent string              `json:"cgroupParent,omitempty"` // "" means cgroup.DefaultParent
-	ReadyTimeout time.Duration       `json:"readyTimeout,omitempty"` // 0 means DefaultReadyTimeout
+	// CgroupLayout is where the cgroup hierarchies are mounted, as the
+	// agent read them, when the shim starts in the agent's own mount
+	// namespace; nil makes the shim read /proc/self/mountinfo itself (~1 ms
+	// with 2000 sandboxes' netns pins on the node).
+	CgroupLayout *cgroup.Layout `json:"cgroupLayout,omitempty"`
+	ReadyTimeout time.Duration  `json:"readyTimeout,omitempty"` // 0 means DefaultReadyTimeout
 	// DiskSizeMB limits the writable layer: > 0 puts it on a filesystem of
 	// its own of that size (an ext4 image on a loop device, see disk.go), so
 	// filling it gives ENOSPC inside the sandbox; 0 leaves it unlimited on
@@ -284,4 +289,13 @@ func logTail(stateDir string, n int64) string {
 // 1's and envd's stderr) in stateDir, and whether they start mid-file.
 func InitLogTail(stateDir string, n int64) (tail string, cut bool) {
 	return supervisor.LogTail(filepath.Join(stateDir, InitLog), n)
+}
+
+// openCgroup returns a handle on the sandbox's cgroup, in the layout the
+// agent passed when there is one.
+func (s Spec) openCgroup() (*cgroup.Cgroup, error) {
+	if s.CgroupLayout != nil {
+		return cgroup.OpenLayout(*s.CgroupLayout, s.CgroupParent, s.ID)
+	}
+	return cgroup.Open(s.CgroupParent, s.ID)
 }

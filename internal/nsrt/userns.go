@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cube-dev/cube/internal/cgroup"
 )
 
 // A sandbox with Spec.UserNS runs its workload in a user namespace: root
@@ -220,7 +219,7 @@ type childResult struct {
 // joinCgroup moves B into the sandbox cgroup, where the shim moved pid 1
 // after B started (syncMoved).
 func (c *usernsChild) joinCgroup(spec Spec) error {
-	cg, err := cgroup.Open(spec.CgroupParent, spec.ID)
+	cg, err := spec.openCgroup()
 	if err != nil {
 		return err
 	}
