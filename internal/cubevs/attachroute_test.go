@@ -2,10 +2,12 @@ package cubevs
 
 import (
 	"net"
+	"os"
 	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/cube-dev/cube/internal/nldump"
 )
@@ -53,5 +55,48 @@ func TestAttachRepairRemovesStrayRoutes(t *testing.T) {
 	}
 	if got, want := dsts(), []string{ip.String() + "/32"}; !slices.Equal(got, want) {
 		t.Fatalf("routes after the repair: %v, want %v", got, want)
+	}
+}
+
+// The dataplane namespace has IPv6 off, so a sandbox's link there gets no
+// IPv6 address (nor routes), while the sandbox keeps ::1 on its loopback.
+func TestDataplaneLinksHaveNoIPv6(t *testing.T) {
+	requireRoot(t)
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		t.Skip("no IPv6 in this kernel")
+	}
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	ip := cfg.NodeCIDR.Addr().Next().Next()
+	ep, err := d.Attach(ctx, "sbx-v6", ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Detach(ctx, ep.Owner) })
+	link, err := d.dp.LinkByName(ep.LinkName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrs, err := d.dp.AddrList(link, netlink.FAMILY_V6); err != nil || len(addrs) != 0 {
+		t.Errorf("IPv6 addresses on the dataplane link: %v %v", addrs, err)
+	}
+	sbNS, err := netns.GetFromPath(ep.NetNSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sbNS.Close()
+	sb, err := netlink.NewHandleAt(sbNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	lo, err := sb.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := sb.AddrList(lo, netlink.FAMILY_V6)
+	if err != nil || !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(net.IPv6loopback) }) {
+		t.Errorf("sandbox loopback lost ::1: %v %v", addrs, err)
 	}
 }
