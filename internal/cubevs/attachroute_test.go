@@ -16,21 +16,10 @@ import (
 // sandbox's link and keeps its own /32. A first Attach makes the link and
 // has nothing to clean: it does not list the namespace's routes.
 func TestAttachRepairRemovesStrayRoutes(t *testing.T) {
-	requireRoot(t)
-	cfg := testConfig(t)
+	d, ep, link := attachOne(t, "sbx-route")
 	ctx := ctxT(t)
-	d := openDP(t, cfg)
-	ip := cfg.NodeCIDR.Addr().Next().Next()
+	ip := ep.IP
 	stray := ip.Next()
-	ep, err := d.Attach(ctx, "sbx-route", ip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Detach(ctx, ep.Owner) })
-	link, err := d.dp.LinkByName(ep.LinkName)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dsts := func() []string {
 		routes, err := nldump.Retry(func() ([]netlink.Route, error) { return d.dp.RouteList(link, netlink.FAMILY_V4) })
 		if err != nil {
@@ -61,23 +50,10 @@ func TestAttachRepairRemovesStrayRoutes(t *testing.T) {
 // The dataplane namespace has IPv6 off, so a sandbox's link there gets no
 // IPv6 address (nor routes), while the sandbox keeps ::1 on its loopback.
 func TestDataplaneLinksHaveNoIPv6(t *testing.T) {
-	requireRoot(t)
 	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
 		t.Skip("no IPv6 in this kernel")
 	}
-	cfg := testConfig(t)
-	ctx := ctxT(t)
-	d := openDP(t, cfg)
-	ip := cfg.NodeCIDR.Addr().Next().Next()
-	ep, err := d.Attach(ctx, "sbx-v6", ip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Detach(ctx, ep.Owner) })
-	link, err := d.dp.LinkByName(ep.LinkName)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, ep, link := attachOne(t, "sbx-v6")
 	if addrs, err := d.dp.AddrList(link, netlink.FAMILY_V6); err != nil || len(addrs) != 0 {
 		t.Errorf("IPv6 addresses on the dataplane link: %v %v", addrs, err)
 	}
@@ -99,4 +75,25 @@ func TestDataplaneLinksHaveNoIPv6(t *testing.T) {
 	if err != nil || !slices.ContainsFunc(addrs, func(a netlink.Addr) bool { return a.IP.Equal(net.IPv6loopback) }) {
 		t.Errorf("sandbox loopback lost ::1: %v %v", addrs, err)
 	}
+}
+
+// attachOne opens a test dataplane and attaches owner at the node CIDR's
+// second address; it returns the dataplane, the endpoint and its link in
+// the dataplane namespace. The attachment is detached at the end.
+func attachOne(t *testing.T, owner string) (*Dataplane, Endpoint, netlink.Link) {
+	t.Helper()
+	requireRoot(t)
+	cfg := testConfig(t)
+	ctx := ctxT(t)
+	d := openDP(t, cfg)
+	ep, err := d.Attach(ctx, owner, cfg.NodeCIDR.Addr().Next().Next())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Detach(ctx, ep.Owner) })
+	link, err := d.dp.LinkByName(ep.LinkName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, ep, link
 }
