@@ -109,11 +109,8 @@ func (g Group) setFrozen(ctx context.Context, frozen bool) error {
 			value = "FROZEN"
 		}
 	}
-	if err := WriteFile(filepath.Join(dir, file), []byte(value)); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("cgroup %s: %w", dir, errdefs.ErrNotFound)
-		}
-		return fmt.Errorf("write %s=%s in %s: %w", file, value, dir, err)
+	if err := writeState(dir, file, value); err != nil {
+		return err
 	}
 	// Wait for the transition: v1 passes through FREEZING, v2 reports it in
 	// cgroup.events.
@@ -125,13 +122,31 @@ func (g Group) setFrozen(ctx context.Context, frozen bool) error {
 	} else {
 		want = value
 	}
-	return PollUntil(ctx, func() (bool, error) {
+	return PollUntil(ctx, stateHas(dir, file, want))
+}
+
+// writeState writes value to the control file of the cgroup at dir; a
+// cgroup that is gone is ErrNotFound.
+func writeState(dir, file, value string) error {
+	if err := WriteFile(filepath.Join(dir, file), []byte(value)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("cgroup %s: %w", dir, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("write %s=%s in %s: %w", file, value, dir, err)
+	}
+	return nil
+}
+
+// stateHas is a PollUntil condition: the control file of the cgroup at dir
+// contains want.
+func stateHas(dir, file, want string) func() (bool, error) {
+	return func() (bool, error) {
 		b, err := os.ReadFile(filepath.Join(dir, file))
 		if err != nil {
 			return false, fmt.Errorf("read %s in %s: %w", file, dir, err)
 		}
 		return strings.Contains(string(b), want), nil
-	})
+	}
 }
 
 // freezeV1 freezes a v1 freezer cgroup. One write of FROZEN is not enough
@@ -141,33 +156,17 @@ func (g Group) setFrozen(ctx context.Context, frozen bool) error {
 // writes again; every few attempts it thaws first, which lets tasks stuck
 // on the way to the refrigerator (in a vfork, say) run out of it.
 func freezeV1(ctx context.Context, dir string) error {
-	state := filepath.Join(dir, "freezer.state")
-	write := func(value string) error {
-		if err := WriteFile(state, []byte(value)); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("cgroup %s: %w", dir, errdefs.ErrNotFound)
-			}
-			return fmt.Errorf("write freezer.state=%s in %s: %w", value, dir, err)
-		}
-		return nil
-	}
 	for attempt := 1; ; attempt++ {
 		if attempt%10 == 0 {
-			if err := write("THAWED"); err != nil {
+			if err := writeState(dir, "freezer.state", "THAWED"); err != nil {
 				return err
 			}
 		}
-		if err := write("FROZEN"); err != nil {
+		if err := writeState(dir, "freezer.state", "FROZEN"); err != nil {
 			return err
 		}
 		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		err := PollUntil(actx, func() (bool, error) {
-			b, err := os.ReadFile(state)
-			if err != nil {
-				return false, fmt.Errorf("read freezer.state in %s: %w", dir, err)
-			}
-			return strings.TrimSpace(string(b)) == "FROZEN", nil
-		})
+		err := PollUntil(actx, stateHas(dir, "freezer.state", "FROZEN"))
 		cancel()
 		switch {
 		case err == nil:
